@@ -1,0 +1,945 @@
+"""NVFP4 W4A16 GEMM for LLM decoding, in TileLang: ``y = x @ W^T * alpha``.
+
+``x`` is BF16 ``[M, K]`` (M = 1..1024 per launch; larger M runs in 1024-row chunks), ``W`` is an
+NVFP4 checkpoint weight (packed E2M1 codes, one E4M3 scale per 16 values along K, a global
+multiplier ``alpha``), ``y`` is BF16 ``[M, N]`` accumulated in FP32.
+
+The weights stay 4-bit in memory. They are dequantized in registers, straight into the B fragments
+of ``mma.sync.m16n8k16``; no BF16 weight tile is ever written to shared memory. One kernel source
+serves sm_90 (H100/H200) and sm_120 (RTX PRO 6000 Blackwell, RTX 5090).
+
+The module reads top to bottom:
+
+1. the checkpoint format and the FP32 reference (the project's own decoders);
+2. the prepared layout: 32x32 blocks in fragment order, bit-scattered codes, re-encoded scales,
+   and a CPU emulation of the register dequant that checks the layout bit for bit;
+3. the kernel: the dequant helper (inline PTX) and one parametrized ``T.Pipelined`` kernel with a
+   deterministic split-K reduction;
+4. configs and the heuristic (``FragConfig``, ``TileConfig``, ``get_config``);
+5. the public function ``nvfp4_w4a16_linear``;
+6. the command line: ``--verify``, ``--bench``, and a compile-only mode for machines without a GPU.
+"""
+
+
+import argparse
+import dataclasses
+import math
+import sys
+from typing import NamedTuple, Union
+
+import torch
+
+# ----------------------------------------------------------------------------------------------
+# 1. The checkpoint format and the FP32 reference
+# ----------------------------------------------------------------------------------------------
+
+# E2M1 code -> value. Codes 8..15 are the same magnitudes negated (8 is -0).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+SCALE_BLOCK = 16  # one E4M3 scale per 16 consecutive K values
+E4M3_MAX = 448.0
+E4M3_NAN_MAGNITUDE = 0x7F  # 0x7F and 0xFF are NaN in E4M3 (there is no infinity)
+
+
+def decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 ``[N, K/2]`` (uint8 or int8) -> float32 ``[N, K]``.
+
+    Byte ``j`` of a row holds k = 2j in its low nibble and k = 2j+1 in its high nibble.
+    """
+    codes = _unpack_codes(packed).long()
+    magnitude = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)[codes & 7]
+    return torch.where(codes >= 8, -magnitude, magnitude)
+
+
+def decode_e4m3(raw: torch.Tensor) -> torch.Tensor:
+    """E4M3 bit patterns (uint8) -> float32: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits,
+    subnormals ``m * 2^-9`` when the exponent field is 0, NaN for 0x7F and 0xFF."""
+    b = raw.to(torch.int32)
+    exponent, mantissa = (b >> 3) & 0xF, (b & 7).float()
+    normal = (1.0 + mantissa / 8.0) * torch.exp2((exponent - 7).float())
+    subnormal = mantissa * 2.0**-9
+    magnitude = torch.where(exponent == 0, subnormal, normal)
+    magnitude = torch.where((b & 0x7F) == E4M3_NAN_MAGNITUDE, torch.nan, magnitude)
+    return torch.where((b & 0x80) != 0, -magnitude, magnitude)
+
+
+def decode_ue4m3(raw: torch.Tensor) -> torch.Tensor:
+    """Unsigned E4M3 bytes (uint8, sign bit always 0) -> float32; a byte with bit 7 set is NaN."""
+    return torch.where(raw.to(torch.int32) >= 0x80, torch.nan, decode_e4m3(raw))
+
+
+def decode_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales as stored in a checkpoint (float8_e4m3fn or UE4M3 bytes) -> float32."""
+    if scales.dtype == torch.float8_e4m3fn:
+        return decode_e4m3(scales.view(torch.uint8))
+    return decode_ue4m3(scales)
+
+
+def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, alpha) -> torch.Tensor:
+    """``W[n, k] = e2m1(code[n, k]) * e4m3(scale[n, k // 16]) * alpha[n]`` in float32."""
+    w = decode_e2m1(packed) * decode_scales(scales).repeat_interleave(SCALE_BLOCK, dim=1)
+    alpha = torch.as_tensor(alpha, dtype=torch.float32, device=w.device).reshape(-1, 1)
+    return w * alpha
+
+
+def reference_nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, alpha) -> torch.Tensor:
+    """The FP32 reference every GPU check compares against."""
+    return x.float() @ dequantize_nvfp4(packed, scales, alpha).to(x.device).T
+
+
+def _unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    b = packed.view(torch.uint8).to(torch.int32)
+    return torch.stack((b & 0xF, b >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The prepared layout
+# ----------------------------------------------------------------------------------------------
+#
+# The weight is cut into blocks of 32 (n) x 32 (k) codes, 512 bytes each, ordered like the B
+# fragments of one warp: lane l owns 16 consecutive bytes (four 32-bit words), so one 16-byte
+# shared-memory load per lane yields the B fragments of four n8 tiles x two k16 steps.
+# Word j of lane l (group g = l // 4, thread t = l % 4) feeds n = 8j + g. Each word feeds four
+# bf16x2 registers r = 2s + h (s: k16 step, h: first or second B register of that step), whose
+# low and high halves hold k = 16s + 8h + 2t and k + 1. These are the PTX m16n8k16 B-fragment
+# positions (``b0,b1`` at k = 2t, 2t+1 and ``b2,b3`` at k = 2t+8, 2t+9, column n = g).
+#
+# Inside a word the 8 codes are bit-scattered so that a BF16 register comes out of a mask:
+# a code lands with its sign at bit 15 and its 3 exponent-mantissa bits ``eem`` at bits 8:6 of a
+# BF16 half. That half is then exactly ``e2m1 * 2^-126`` (a BF16 subnormal when e = 0).
+FRAG_N = 32
+FRAG_K = 32
+WORDS_PER_BLOCK = FRAG_N * FRAG_K // 8  # 8 codes per 32-bit word
+SCALE_WORDS_PER_BLOCK = FRAG_N * (FRAG_K // SCALE_BLOCK) // 4  # 4 scale bytes per word
+CODE_FIELD_MASK = 0x81C081C0  # sign (bit 15) and eem (bits 8:6) of both BF16 halves
+# How each of a word's four registers is cut out of it: OR of (left shift, mask) parts, a negative
+# shift being a right shift. Registers 0..2 take one shift and one AND; register 3 gathers its
+# fields from the bits the other three leave (e1e0 from bits 14:13, m from 10, the sign from 11).
+REGISTER_PARTS = (
+    ((0, CODE_FIELD_MASK),),
+    ((3, CODE_FIELD_MASK),),
+    ((6, CODE_FIELD_MASK),),
+    ((-6, 0x01800180), (-4, 0x00400040), (4, 0x80008000)),
+)
+
+
+def _code_bit_positions() -> list[list[int]]:
+    """Word bit position of each code bit (m, e0, e1, sign) for the 8 codes of a word, in the order
+    (register r, half). Derived from REGISTER_PARTS, so the packer and the dequant agree."""
+    half_targets = (6, 7, 8, 15)  # BF16 bits that receive m, e0, e1, sign
+    positions = []
+    for parts in REGISTER_PARTS:
+        for half in range(2):
+            slot = []
+            for target in half_targets:
+                target += 16 * half
+                (shift,) = [shift for shift, mask in parts if mask >> target & 1]
+                slot.append(target - shift)
+            positions.append(slot)
+    assert sorted(sum(positions, [])) == list(range(32)), "every word bit carries one code bit"
+    return positions
+
+
+CODE_BIT_POSITIONS = _code_bit_positions()
+
+
+def _scale_byte_table() -> torch.Tensor:
+    """E4M3 magnitude byte -> byte ``b`` with ``bf16(0x7000 | b << 4) == scale * 2^119``.
+
+    The 5 high bits of ``b`` extend the BF16 exponent field (224 + (b >> 3) - 127 = 97 + (b >> 3)),
+    the 3 low bits become the top mantissa bits. Exact for every finite E4M3 value, subnormals
+    included (exponents -9..8 land on b >> 3 = 13..30). Zero and NaN get 0; their codes are zeroed
+    or rejected at preparation.
+    """
+    table = torch.zeros(128, dtype=torch.uint8)
+    for raw in range(1, E4M3_NAN_MAGNITUDE):
+        value = float(decode_e4m3(torch.tensor([raw], dtype=torch.uint8))[0])
+        mantissa, exponent = math.frexp(value)  # value = mantissa * 2^exponent, 0.5 <= mantissa < 1
+        exponent -= 1
+        fraction = mantissa * 2 - 1
+        b = ((exponent + 22) << 3) | int(fraction * 8)
+        assert fraction * 8 == int(fraction * 8) and 13 <= (b >> 3) <= 30
+        table[raw] = b
+    return table
+
+
+SCALE_BYTE_TABLE = _scale_byte_table()
+SCALE_BIAS_WORD = 0x70007000  # ``b * 16 + SCALE_BIAS_WORD`` -> BF16 ``scale * 2^119`` per half
+# code * 2^-126 times scale * 2^119 is ``fp4 * scale * 2^-7``; the epilogue multiplies by 2^7.
+DEQUANT_EXPONENT_OFFSET = 7
+
+SM120_SMEM_PER_CTA = 99 * 1024
+SM120_SMEM_PER_SM = 100 * 1024
+MAX_M_PER_LAUNCH = 1024
+# Offsets in the kernels are 32-bit: each operand must stay under 2^31 elements (4 GiB of x).
+MAX_OPERAND_BYTES = 4 * 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class NVFP4W4A16Weight:
+    """A weight prepared by :func:`prepare_nvfp4_weight`, the same size as the checkpoint tensors.
+
+    ``codes``: int32 ``[N/32, K/32, 128]`` (512-byte fragment-ordered blocks);
+    ``scales``: int32 ``[N/32, K/32, 16]`` (re-encoded scale bytes, 64 per block);
+    ``alpha_x128``: float32 ``[N]``, the per-column multiplier times 2^7.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    alpha_x128: torch.Tensor
+    n: int
+    k: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+
+def prepare_nvfp4_weight(
+    packed: torch.Tensor, scales: torch.Tensor, alpha: Union[float, torch.Tensor]
+) -> NVFP4W4A16Weight:
+    """Re-lay out an NVFP4 checkpoint weight once, on its device, for :func:`nvfp4_w4a16_linear`.
+
+    Args:
+        packed: uint8/int8 ``[N, K/2]`` packed E2M1 codes (low nibble first).
+        scales: ``[N, K/16]`` block scales, ``torch.float8_e4m3fn`` or uint8 UE4M3 bytes.
+        alpha: the global multiplier (ModelOpt's ``weight_scale_2``; for compressed-tensors pass
+            ``1 / weight_global_scale``): a float, a float32 tensor with one element, or float32 ``[N]``.
+
+    Zero scales zero their codes and negative scales flip the code signs here, so the kernel never
+    sees a sign or a zero in a scale. NaN scales are rejected. On a CUDA device this also creates
+    the per-device split-K workspace (never lazily inside a CUDA-graph capture).
+    """
+    n, k, alpha = _check_prepare_inputs(packed, scales, alpha)
+    device = packed.device
+    magnitude, negative = _scale_magnitudes(scales)
+    codes = _unpack_codes(packed)
+    scale_per_code = torch.repeat_interleave(magnitude, SCALE_BLOCK, dim=1)
+    codes = torch.where(scale_per_code == 0, 0, codes)
+    codes = codes ^ (torch.repeat_interleave(negative, SCALE_BLOCK, dim=1).to(torch.int32) << 3)
+    prepared = NVFP4W4A16Weight(
+        codes=_scatter_codes(codes, n, k),
+        scales=_arrange_scales(SCALE_BYTE_TABLE.to(device)[magnitude.long()], n, k),
+        alpha_x128=(alpha * 2.0**DEQUANT_EXPONENT_OFFSET).expand(n).contiguous(),
+        n=n,
+        k=k,
+    )
+    if device.type == "cuda":
+        _ensure_workspace(device, _tickets_needed(n))
+    return prepared
+
+
+def _scale_magnitudes(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    raw = scales.view(torch.uint8).to(torch.int32)
+    return raw & 0x7F, (raw & 0x80) != 0
+
+
+def _scatter_codes(codes: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """``[N, K]`` codes -> int32 ``[N/32, K/32, 128]`` fragment-ordered, bit-scattered words."""
+    # n = 32 nb + 8 j + g, k = 32 kb + 16 s + 8 h + 2 t + half  ->  [nb, kb, g, t, j, (s, h, half)]
+    c = codes.reshape(n // FRAG_N, 4, 8, k // FRAG_K, 2, 2, 4, 2)
+    c = c.permute(0, 3, 2, 6, 1, 4, 5, 7).reshape(-1, 8).to(torch.int64)
+    word = torch.zeros(c.shape[0], dtype=torch.int64, device=c.device)
+    for slot, positions in enumerate(CODE_BIT_POSITIONS):
+        for bit, position in enumerate(positions):
+            word |= ((c[:, slot] >> bit) & 1) << position
+    return _as_int32_words(word).reshape(n // FRAG_N, k // FRAG_K, WORDS_PER_BLOCK)
+
+
+def _arrange_scales(scale_bytes: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """``[N, K/16]`` scale bytes -> int32 ``[N/32, K/32, 16]``: word ``2g + s`` of a block holds in
+    byte j the scale of n = 8j + g, k16 step s (lanes 4g..4g+3 read words 2g and 2g+1)."""
+    s = scale_bytes.to(torch.uint8).reshape(n // FRAG_N, 4, 8, k // FRAG_K, 2)  # [nb, j, g, kb, s]
+    s = s.permute(0, 3, 2, 4, 1).contiguous()  # [nb, kb, g, s, j]
+    return s.view(torch.int32).reshape(n // FRAG_N, k // FRAG_K, SCALE_WORDS_PER_BLOCK)
+
+
+def _as_int32_words(word: torch.Tensor) -> torch.Tensor:
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def emulate_register_dequant(w: NVFP4W4A16Weight) -> torch.Tensor:
+    """Bit-exact CPU emulation of what the kernel's dequant helper puts in the B-fragment registers,
+    placed at the PTX m16n8k16 B-fragment positions and scaled by ``alpha * 2^7``: float32 ``[N, K]``.
+
+    It runs the same masks, shifts, byte permutes and BF16 multiply as the CUDA helper, so a
+    prepared weight whose emulation equals :func:`dequantize_nvfp4` is dequantized exactly on the GPU.
+    """
+    words = w.codes.cpu().to(torch.int64) & 0xFFFFFFFF  # [nb, kb, 128]
+    words = words.reshape(*words.shape[:2], 32, 4)  # [nb, kb, lane, j]
+    scale_words = w.scales.cpu().to(torch.int64) & 0xFFFFFFFF
+    scale_words = scale_words.reshape(*scale_words.shape[:2], 8, 2)  # [nb, kb, g, s]
+    registers = [sum(_shift_tensor(words, shift) & mask for shift, mask in parts) for parts in REGISTER_PARTS]
+    bits = torch.stack(registers, dim=-1)  # [nb, kb, lane, j, r]
+    halves = torch.stack((bits & 0xFFFF, bits >> 16), dim=-1)  # [nb, kb, lane, j, r, half]
+    codes_bf16 = _bf16_bits_to_float(halves)
+    # Scale of register r in word j: byte j of scale word s = r // 2, as PRMT + IMAD build it.
+    lane_group = torch.arange(32) // 4
+    scale_word = scale_words[:, :, lane_group]  # [nb, kb, lane, s]
+    scale_byte = (scale_word[..., None] >> (8 * torch.arange(4))) & 0xFF  # [nb, kb, lane, s, j]
+    scale_bf16 = _bf16_bits_to_float((scale_byte * 16 + (SCALE_BIAS_WORD & 0xFFFF)))
+    scale_bf16 = scale_bf16.permute(0, 1, 2, 4, 3).repeat_interleave(2, dim=-1)  # [nb, kb, lane, j, r]
+    product = (codes_bf16.double() * scale_bf16[..., None].double()).float()
+    assert torch.equal(product.to(torch.bfloat16).float(), product), "mul.rn.bf16x2 would round"
+    # Place register (lane, j, r, half) at n = 8j + g, k = 16 (r // 2) + 8 (r % 2) + 2t + half.
+    nb, kb = words.shape[:2]
+    p = product.reshape(nb, kb, 8, 4, 4, 2, 2, 2)  # [nb, kb, g, t, j, s, h, half]
+    p = p.permute(0, 4, 2, 1, 5, 6, 3, 7).reshape(w.n, w.k)
+    return p * w.alpha_x128.cpu().reshape(-1, 1)
+
+
+def _shift_tensor(t: torch.Tensor, amount: int) -> torch.Tensor:
+    return ((t << amount) if amount >= 0 else (t >> -amount)) & 0xFFFFFFFF
+
+
+def _bf16_bits_to_float(bits: torch.Tensor) -> torch.Tensor:
+    return (bits.to(torch.int32) << 16).view(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. The kernel
+# ----------------------------------------------------------------------------------------------
+
+# The register dequant, in CUDA. One call turns a lane's 16-byte block slice and its 8 scale
+# bytes into the 16 bf16x2 B registers of two n16 tiles x two k16 steps. Per word: three registers
+# take one shift and one AND, the fourth three shifts and three LOP3s; per scale byte one PRMT and
+# one IMAD build the bf16x2 pair; one mul.rn.bf16x2 per register applies it (exact: the product
+# has at most 6 significant bits). mul.rn.bf16x2 needs sm_90 or newer.
+def _register_expression(parts) -> str:
+    return " | ".join(f"(nvfp4_shift(x, {shift}) & 0x{mask:08X}u)" for shift, mask in parts)
+
+
+_REGISTER_LINES = "\n".join(
+    f"    b[4 * j + {r}] = nvfp4_mul_bf16x2({_register_expression(parts)}, {'s0' if r < 2 else 's1'});"
+    for r, parts in enumerate(REGISTER_PARTS)
+)
+DEQUANT_SOURCE = f"""
+__device__ __forceinline__ unsigned nvfp4_mul_bf16x2(unsigned a, unsigned b) {{
+  unsigned d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}}
+
+__device__ __forceinline__ unsigned nvfp4_shift(unsigned x, int amount) {{
+  return amount >= 0 ? x << amount : x >> -amount;
+}}
+
+__device__ __forceinline__ void nvfp4_dequant_block(const void* codes, const void* scales, void* frag) {{
+  const uint4 w = *reinterpret_cast<const uint4*>(codes);
+  const uint2 s = *reinterpret_cast<const uint2*>(scales);
+  unsigned* b = reinterpret_cast<unsigned*>(frag);
+  const unsigned words[4] = {{w.x, w.y, w.z, w.w}};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {{
+    const unsigned pick = 0x4040u | j | (j << 8);  // byte j into both halves, zero above
+    const unsigned s0 = __byte_perm(s.x, 0, pick) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
+    const unsigned s1 = __byte_perm(s.y, 0, pick) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
+    const unsigned x = words[j];
+{_REGISTER_LINES}
+  }}
+}}
+"""
+
+
+class KernelShape(NamedTuple):
+    """What the kernel template is compiled for; both config kinds map onto it."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    split_k: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def m16_tiles_per_warp(self) -> int:
+        return self.block_m // self.warps_m // 16
+
+    @property
+    def n32_blocks_per_warp(self) -> int:
+        return self.block_n // self.warps_n // FRAG_N
+
+    def shared_bytes(self) -> int:
+        per_stage = self.block_m * self.block_k * 2 + self.block_n * self.block_k // 2
+        per_stage += self.block_n * self.block_k // SCALE_BLOCK
+        return self.stages * per_stage + (16 if self.split_k > 1 else 0)
+
+
+def build_kernel(n: int, k: int, shape: KernelShape):
+    """The TileLang kernel for an ``N x K`` weight.
+
+    Grid: (N / block_n, split_k, ceil(M / block_m)). Each CTA streams its K range through a
+    ``T.Pipelined`` cp.async pipeline (x tile, code blocks, scale blocks); each warp owns
+    ``m16_tiles_per_warp`` row tiles and ``n32_blocks_per_warp`` fragment blocks. With split_k > 1
+    the CTAs write FP32 partials; the last to arrive (an atomic ticket) sums them in a fixed order,
+    so results are bit-identical from call to call, and resets the ticket.
+    """
+    import tilelang.language as T
+    from tilelang.layout import make_swizzled_layout
+
+    bm_, bn_, bk_ = shape.block_m, shape.block_n, shape.block_k
+    warps_n, split_k = shape.warps_n, shape.split_k
+    mt, nbw = shape.m16_tiles_per_warp, shape.n32_blocks_per_warp
+    warp_rows = bm_ // shape.warps_m
+    k_tiles = k // split_k // bk_
+    acc_size = mt * nbw * 4 * 4  # m16 tiles x n32 blocks x four n8 tiles x four floats
+
+    def acc_index(mi, i, j, c):  # accumulator c of n8 tile j in fragment block i of row tile mi
+        return ((mi * nbw + i) * 4 + j) * 4 + c
+
+    def acc_row(q):  # row of accumulator q within the warp tile, less the lane's group g
+        return q // (nbw * 16) * 16 + q % 4 // 2 * 8
+
+    def acc_col(q):  # column of accumulator q within the warp tile, less the lane's 2t
+        return q // 16 % nbw * FRAG_N + q // 4 % 4 * 8 + q % 2
+
+    M = T.dynamic("m")
+    P = T.dynamic("partials_len")
+    NT = T.dynamic("tickets_len")
+
+    @T.prim_func
+    def nvfp4_w4a16_gemm(
+        x: T.Tensor((M, k), T.bfloat16),
+        codes: T.Tensor((n // FRAG_N, k // FRAG_K, WORDS_PER_BLOCK), T.int32),
+        scales: T.Tensor((n // FRAG_N, k // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32),
+        alpha_x128: T.Tensor((n,), T.float32),
+        y: T.Tensor((M, n), T.bfloat16),
+        partials: T.Tensor((P,), T.float32),
+        tickets: T.Tensor((NT,), T.int32),
+    ):
+        with T.Kernel(n // bn_, split_k, T.ceildiv(M, bm_), threads=shape.threads) as (bn, bk, bm):
+            x_tile = T.alloc_shared((bm_, bk_), T.bfloat16)
+            code_tile = T.alloc_shared((bn_ // FRAG_N, bk_ // FRAG_K, WORDS_PER_BLOCK), T.int32)
+            scale_tile = T.alloc_shared((bn_ // FRAG_N, bk_ // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32)
+            a_frag = T.alloc_local((2 * mt * 8,), T.bfloat16)
+            b_frag = T.alloc_local((32,), T.bfloat16)
+            acc = T.alloc_local((acc_size,), T.float32)
+            T.import_source(DEQUANT_SOURCE)
+            T.annotate_layout({x_tile: make_swizzled_layout(x_tile)})
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp_m = tx // 32 // warps_n
+            warp_n = tx // 32 % warps_n
+            for i in T.unroll(acc_size):
+                acc[i] = 0.0
+            for ko in T.Pipelined(k_tiles, num_stages=shape.stages):
+                k0 = (bk * k_tiles + ko) * bk_
+                T.copy(x[bm * bm_, k0], x_tile)
+                T.copy(codes[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], code_tile)
+                T.copy(scales[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], scale_tile)
+                for kb in T.unroll(bk_ // FRAG_K):
+                    # A fragments of both k16 steps for every row tile (ldmatrix.x4: lane l
+                    # points at row l % 16, column 8 * (l // 16) of a 16x16 tile).
+                    for s, mi in T.grid(2, mt):
+                        T.ptx_ldmatrix(
+                            False,
+                            4,
+                            T.access_ptr(
+                                x_tile[warp_m * warp_rows + mi * 16 + lane % 16, kb * FRAG_K + s * 16 + lane // 16 * 8],
+                                "r",
+                                extent=8,
+                            ),
+                            T.access_ptr(a_frag[(s * mt + mi) * 8], "w", extent=8),
+                        )
+                    for i in T.unroll(nbw):
+                        T.call_extern(
+                            "handle",
+                            "nvfp4_dequant_block",
+                            T.address_of(code_tile[warp_n * nbw + i, kb, lane * 4]),
+                            T.address_of(scale_tile[warp_n * nbw + i, kb, lane // 4 * 2]),
+                            T.address_of(b_frag[0]),
+                        )
+                        # B register pair of (n8 tile j, k16 step s) sits at bf16 offset 8j + 4s.
+                        for s, j, mi in T.grid(2, 4, mt):
+                            T.ptx_mma(
+                                T.float32, "m16n8k16", "row", "col", "bf16", "bf16", "fp32",
+                                a_frag.data, (s * mt + mi) * 8,
+                                b_frag.data, j * 8 + s * 4,
+                                acc.data, acc_index(mi, i, j, 0),
+                                False,
+                            )  # fmt: skip
+
+            # Accumulator q = acc_index(mi, i, j, c) holds row g + 8 (c // 2) of row tile mi and
+            # column 2t + c % 2 of n8 tile j of fragment block i.
+            row0 = bm * bm_ + warp_m * warp_rows + lane // 4
+            col0 = bn * bn_ + warp_n * nbw * FRAG_N + lane % 4 * 2
+            if split_k == 1:
+                for q in T.unroll(acc_size):
+                    if row0 + acc_row(q) < M:
+                        y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+            else:
+                padded_m = T.ceildiv(M, bm_) * bm_
+                ticket = T.alloc_shared((1,), T.int32)
+                tile = bm * (n // bn_) + bn
+                for q in T.unroll(acc_size):
+                    partials[(bk * padded_m + row0 + acc_row(q)) * n + col0 + acc_col(q)] = acc[q]
+                T.evaluate(T.call_extern("handle", "__threadfence"))
+                T.sync_threads()
+                if tx == 0:
+                    ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
+                T.sync_threads()
+                if ticket[0] == split_k - 1:
+                    # The last CTA of this tile sums every split's partials in split order
+                    # (its own included, read back), so the result does not depend on arrival order.
+                    T.evaluate(T.call_extern("handle", "__threadfence"))
+                    for q in T.unroll(acc_size):
+                        acc[q] = 0.0
+                        for sk in T.serial(split_k):
+                            at = (sk * padded_m + row0 + acc_row(q)) * n + col0 + acc_col(q)
+                            acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+                        if row0 + acc_row(q) < M:
+                            y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+                    if tx == 0:
+                        tickets[tile] = 0
+
+    return nvfp4_w4a16_gemm
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Configs and the heuristic
+# ----------------------------------------------------------------------------------------------
+
+
+class FragConfig(NamedTuple):
+    """Fragment kernel: one CTA row of ``block_m <= 64`` rows, one warp per 32 columns, split-K on
+    grid.y. For decode-sized M; larger M runs as several ``block_m``-row passes (grid.z)."""
+
+    block_m: int = 16
+    block_n: int = 128
+    block_k: int = 128
+    split_k: int = 1
+    stages: int = 4
+
+    def kernel_shape(self) -> KernelShape:
+        return KernelShape(self.block_m, self.block_n, self.block_k, 1, self.block_n // FRAG_N, self.stages, self.split_k)
+
+
+class TileConfig(NamedTuple):
+    """Tile kernel: a ``block_m x block_n`` tile per CTA over a ``warps_m x warps_n`` warp grid."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    warps_m: int = 2
+    warps_n: int = 2
+    split_k: int = 1
+    stages: int = 4
+
+    def kernel_shape(self) -> KernelShape:
+        return KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, self.split_k)
+
+
+Config = Union[FragConfig, TileConfig]
+FRAG_MAX_BLOCK_M = 64
+FRAG_MAX_M = 96  # the heuristic's fragment-kernel range: up to two 64-row passes
+MAX_ACCUMULATORS = 128  # FP32 accumulators per thread; more would spill on 4-warp CTAs
+MAX_SPLIT_K = 16
+
+
+def check_config(config: Config, n: int, k: int) -> None:
+    """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120."""
+    if not isinstance(config, (FragConfig, TileConfig)):
+        raise TypeError(f"config must be a FragConfig or TileConfig, got {type(config).__name__}")
+    s = config.kernel_shape()
+    problems = []
+    if any(not isinstance(v, int) or v < 1 for v in config):
+        problems.append("every field must be a positive int")
+    else:
+        if isinstance(config, FragConfig) and config.block_m > FRAG_MAX_BLOCK_M:
+            problems.append(f"FragConfig.block_m must be <= {FRAG_MAX_BLOCK_M}")
+        if s.block_m % (16 * s.warps_m):
+            problems.append("block_m must be a multiple of 16 * warps_m")
+        if s.block_n % (FRAG_N * s.warps_n) or n % s.block_n:
+            problems.append(f"block_n must be a multiple of 32 * warps_n and divide N={n}")
+        if s.block_k % FRAG_K or k % (s.block_k * s.split_k):
+            problems.append(f"block_k must be a multiple of 32 and block_k * split_k must divide K={k}")
+        elif k // (s.block_k * s.split_k) < s.stages:
+            problems.append(f"each split must hold at least `stages` k tiles (K={k})")
+        if s.split_k > MAX_SPLIT_K:
+            problems.append(f"split_k must be <= {MAX_SPLIT_K}")
+        if s.shared_bytes() > SM120_SMEM_PER_CTA:
+            problems.append(f"needs {s.shared_bytes()} bytes of shared memory, sm_120 has {SM120_SMEM_PER_CTA} per CTA")
+        if s.m16_tiles_per_warp * s.n32_blocks_per_warp * 16 > MAX_ACCUMULATORS:
+            problems.append(f"a warp tile needs more than {MAX_ACCUMULATORS} accumulators per thread")
+        if s.threads > 512:
+            problems.append("at most 16 warps per CTA")
+    if problems:
+        raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
+
+
+def _split_k(tiles: int, k: int, block_k: int, stages: int, target_ctas: int) -> int:
+    """The smallest power-of-two split that gives ``target_ctas`` CTAs while every split keeps
+    at least ``stages`` k tiles."""
+    split = 1
+    while (
+        tiles * split < target_ctas
+        and split * 2 <= MAX_SPLIT_K
+        and k % (block_k * split * 2) == 0
+        and k // (block_k * split * 2) >= stages
+    ):
+        split *= 2
+    return split
+
+
+def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
+    """A shape-independent heuristic (no per-shape table; maint's tuned tables do that).
+
+    M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
+    split-K until there are about two CTAs per SM (small CTAs: several stream per SM).
+    Larger M: 128 x 128 tiles, split-K until one wave.
+    """
+    if m <= FRAG_MAX_M:
+        block_m = min(FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
+        block_k = 128 if block_m <= 32 else 64
+        tiles = n // 128 * math.ceil(m / block_m)
+        return FragConfig(block_m, 128, block_k, _split_k(tiles, k, block_k, 4, 2 * sm_count), 4)
+    tiles = n // 128 * math.ceil(min(m, MAX_M_PER_LAUNCH) / 128)
+    return TileConfig(128, 128, 64, 2, 2, _split_k(tiles, k, 64, 4, sm_count), 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Dispatch and the public function
+# ----------------------------------------------------------------------------------------------
+
+# Compile options shared by every target: TileLang's automatic warp specialization emits
+# setmaxnreg, which sm_120 lacks, and our loads are plain cp.async on every arch.
+PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.disable_tma_lower": True}
+
+
+def compile_kernel(n: int, k: int, config: Config, arch: str):
+    """Lower and compile the kernel for ``arch`` (e.g. "sm_90", "sm_120"); needs nvcc, not a GPU."""
+    import tilelang
+
+    check_config(config, n, k)
+    func = build_kernel(n, k, config.kernel_shape())
+    return tilelang.compile(func, target={"kind": "cuda", "arch": arch}, pass_configs=PASS_CONFIGS)
+
+
+# (N, K, kernel shape, device index) -> compiled kernel. A dict lookup costs ~0.4 us, against
+# ~0.7 us for the JIT factory's own cache: it matters next to a 10-30 us decode GEMM.
+_KERNELS: dict = {}
+
+
+def _kernel_for(n: int, k: int, config: Config, device: torch.device):
+    key = (n, k, config.kernel_shape(), device.index)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"nvfp4_w4a16_linear: kernel for N={n}, K={k}, {config} is not compiled yet and cannot be "
+                "compiled inside a CUDA-graph capture; run the call once before capturing"
+            )
+        major, minor = torch.cuda.get_device_capability(device)
+        kernel = _KERNELS[key] = compile_kernel(n, k, config, f"sm_{major}{minor}")
+    return kernel
+
+
+@dataclasses.dataclass
+class _Workspace:
+    """Per-device split-K state: self-resetting tickets and a one-element stand-in for partials."""
+
+    tickets: torch.Tensor
+    no_partials: torch.Tensor
+
+
+_WORKSPACES: dict[torch.device, _Workspace] = {}
+
+
+def _tickets_needed(n: int) -> int:
+    return n // FRAG_N * (MAX_M_PER_LAUNCH // 16)  # one per output tile of the smallest tiles
+
+
+def _ensure_workspace(device: torch.device, tickets: int) -> _Workspace:
+    ws = _WORKSPACES.get(device)
+    if ws is None or ws.tickets.numel() < tickets:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"the split-K workspace for {device} must be created outside a CUDA-graph capture: "
+                "call prepare_nvfp4_weight on this device before capturing"
+            )
+        ws = _WORKSPACES[device] = _Workspace(
+            tickets=torch.zeros(max(tickets, 1), dtype=torch.int32, device=device),
+            no_partials=torch.zeros(1, dtype=torch.float32, device=device),
+        )
+    return ws
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.index not in _SM_COUNTS:
+        _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device.index]
+
+
+def nvfp4_w4a16_linear(
+    x: torch.Tensor, w: NVFP4W4A16Weight, config: Config | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``y = x @ W^T * alpha`` for BF16 ``x`` ``[M, K]`` and a prepared NVFP4 weight; BF16 ``[M, N]``.
+
+    ``config`` overrides the heuristic for every chunk; ``out`` (BF16 ``[M, N]``, contiguous,
+    16-byte aligned, on x's device) receives the result. M > 1024 runs in 1024-row chunks.
+    Deterministic, and capturable in a CUDA graph once each kernel has run once.
+    """
+    x, out = _check_linear_inputs(x, w, config, out)
+    m = x.shape[0]
+    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
+    for start in range(0, m, MAX_M_PER_LAUNCH):
+        rows = min(MAX_M_PER_LAUNCH, m - start)
+        chunk_config = config if config is not None else get_config(rows, w.n, w.k, sm_count=_sm_count(w.device))
+        shape = chunk_config.kernel_shape()
+        partials = ws.no_partials
+        if shape.split_k > 1:
+            padded_rows = math.ceil(rows / shape.block_m) * shape.block_m
+            partials = torch.empty(shape.split_k * padded_rows * w.n, dtype=torch.float32, device=x.device)
+        kernel = _kernel_for(w.n, w.k, chunk_config, w.device)
+        kernel(x[start : start + rows], w.codes, w.scales, w.alpha_x128, out[start : start + rows], partials, ws.tickets)
+    return out
+
+
+# All host checks live here: a clear TypeError / ValueError naming the argument, nothing corrupted.
+
+
+def _check_prepare_inputs(packed, scales, alpha) -> tuple[int, int, torch.Tensor]:
+    if not isinstance(packed, torch.Tensor) or packed.dtype not in (torch.uint8, torch.int8):
+        raise TypeError(f"packed must be a uint8 or int8 tensor of packed E2M1 codes, got {_describe(packed)}")
+    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(
+            "scales must be torch.float8_e4m3fn or uint8 UE4M3 bytes (convert float scales with "
+            f".to(torch.float8_e4m3fn) after checking they fit E4M3's +-448), got {_describe(scales)}"
+        )
+    if packed.dim() != 2:
+        raise ValueError(f"packed must be 2-D [N, K/2], got shape {tuple(packed.shape)}")
+    n, k = packed.shape[0], packed.shape[1] * 2
+    if n % 128 or k % 256 or n == 0 or k == 0:
+        raise ValueError(f"packed [N, K/2] needs N % 128 == 0 and K % 256 == 0, got N={n}, K={k}")
+    if n * k // 2 >= MAX_OPERAND_BYTES:
+        raise ValueError(f"packed must be under 4 GiB (32-bit offsets), got N={n}, K={k}")
+    if tuple(scales.shape) != (n, k // SCALE_BLOCK):
+        raise ValueError(f"scales must have shape [N, K/16] = {(n, k // SCALE_BLOCK)}, got {tuple(scales.shape)}")
+    if scales.device != packed.device:
+        raise ValueError(f"scales must be on packed's device {packed.device}, got {scales.device}")
+    raw = scales.view(torch.uint8)
+    if bool(((raw & 0x7F) == E4M3_NAN_MAGNITUDE).any()):
+        raise ValueError("scales contain NaN (E4M3 0x7F / 0xFF)")
+    if scales.dtype == torch.uint8 and bool((raw >= 0x80).any()):
+        raise ValueError("scales: uint8 UE4M3 bytes must be below 0x80 (unsigned E4M3 has no sign bit)")
+    if isinstance(alpha, (float, int)) and not isinstance(alpha, bool):
+        alpha = torch.tensor([float(alpha)], dtype=torch.float32)
+    if not isinstance(alpha, torch.Tensor) or alpha.dtype != torch.float32:
+        raise TypeError(f"alpha must be a float or a float32 tensor, got {_describe(alpha)}")
+    if alpha.numel() != 1 and tuple(alpha.shape) != (n,):
+        raise ValueError(f"alpha must hold one value or have shape [N] = ({n},), got shape {tuple(alpha.shape)}")
+    alpha = alpha.reshape(-1).to(packed.device)
+    if not bool(torch.isfinite(alpha).all()):
+        raise ValueError("alpha must be finite")
+    return n, k, alpha
+
+
+def _check_linear_inputs(x, w, config, out) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(w, NVFP4W4A16Weight):
+        raise TypeError(f"w must be an NVFP4W4A16Weight from prepare_nvfp4_weight, got {type(w).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+        raise TypeError(f"x must be a bfloat16 tensor, got {_describe(x)}")
+    if x.dim() != 2 or x.shape[1] != w.k:
+        raise ValueError(f"x must have shape [M, K={w.k}], got {tuple(x.shape)}")
+    if x.device != w.device or x.device.type != "cuda":
+        raise ValueError(f"x must be on the weight's CUDA device {w.device}, got {x.device}")
+    if x.numel() * x.element_size() >= MAX_OPERAND_BYTES:
+        raise ValueError(f"x must be under 4 GiB (32-bit offsets), got shape {tuple(x.shape)}")
+    if config is not None:
+        check_config(config, w.n, w.k)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()  # cp.async moves 16-byte pieces; a fresh allocation is aligned
+    m = x.shape[0]
+    if out is None:
+        return x, torch.empty((m, w.n), dtype=torch.bfloat16, device=x.device)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+        raise TypeError(f"out must be a bfloat16 tensor, got {_describe(out)}")
+    if tuple(out.shape) != (m, w.n):
+        raise ValueError(f"out must have shape [M, N] = {(m, w.n)}, got {tuple(out.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out must be on {x.device}, got {out.device}")
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError("out must be contiguous and 16-byte aligned")
+    return x, out
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Checking, timing and the command line
+# ----------------------------------------------------------------------------------------------
+
+
+def random_nvfp4_weight(n: int, k: int, device="cpu", generator: torch.Generator | None = None):
+    """A random checkpoint weight: packed codes, float8_e4m3fn scales spread over 2^-6..2^6, alpha."""
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=generator).to(device)
+    exponent = torch.randint(-6, 7, (n, k // SCALE_BLOCK), generator=generator).float()
+    mantissa = 1 + torch.randint(0, 8, (n, k // SCALE_BLOCK), generator=generator).float() / 8
+    scales = (mantissa * torch.exp2(exponent)).to(torch.float8_e4m3fn).to(device)
+    return packed, scales, torch.tensor([0.01], dtype=torch.float32, device=device)
+
+
+# DESIGN.md section 8: the bounds every GPU check applies against the FP32 reference.
+MAX_REL_FROBENIUS = 2.5e-3
+MAX_WORST_ROW_REL = 1e-2
+ELEMENT_REL = 2.0**-8
+ELEMENT_ROW_RMS = 1e-3
+
+
+def compare_with_reference(y: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Errors of ``y`` against the FP32 reference and whether they meet the project's bounds."""
+    y, ref = y.float(), ref.float()
+    diff = y - ref
+    row_rms = ref.pow(2).mean(dim=1, keepdim=True).sqrt()
+    rel_frobenius = float(diff.norm() / ref.norm().clamp_min(1e-30))
+    worst_row = float((diff.norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max())
+    element_ok = bool((diff.abs() <= ELEMENT_REL * ref.abs() + ELEMENT_ROW_RMS * row_rms).all())
+    finite = bool(torch.isfinite(y).all())
+    ok = finite and element_ok and rel_frobenius <= MAX_REL_FROBENIUS and worst_row <= MAX_WORST_ROW_REL
+    return {"ok": ok, "rel_frobenius": rel_frobenius, "worst_row": worst_row, "elementwise": element_ok, "finite": finite}
+
+
+def verify(m: int, n: int, k: int, config: Config | None = None, seed: int = 0) -> dict:
+    """Fresh random inputs, a poisoned ``out``, the FP32 reference, and a repeat for bit-identity."""
+    g = torch.Generator().manual_seed(seed)
+    packed, scales, alpha = random_nvfp4_weight(n, k, "cuda", g)
+    w = prepare_nvfp4_weight(packed, scales, alpha)
+    x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = nvfp4_w4a16_linear(x, w, config, out=out).clone()
+    again = nvfp4_w4a16_linear(x, w, config)
+    result = compare_with_reference(y, reference_nvfp4_linear(x, packed, scales, alpha))
+    result["deterministic"] = bool(torch.equal(y, again))
+    result["ok"] = result["ok"] and result["deterministic"]
+    return result
+
+
+def time_per_call(calls, repeats: int = 5) -> float:
+    """Microseconds per call: ``calls`` (each rotating over its own weight copy) captured in one CUDA
+    graph, replayed ``repeats`` times, timed with events."""
+    for call in calls:  # compile and warm up outside the capture
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (repeats * len(calls))
+
+
+ROTATION_BYTES = 512 * 1024**2  # rotate over at least this many weight bytes: several times any L2
+HBM_BYTES_PER_S = 4.46e12  # H200 read bandwidth the floors are counted against
+
+
+def marlin_linear_or_none(packed: torch.Tensor, scales: torch.Tensor, alpha: torch.Tensor):
+    """vLLM's Marlin NVFP4 W4A16 kernel as ``f(x) -> y`` (None when vLLM does not import)."""
+    try:
+        from vllm.model_executor.layers.quantization.utils import marlin_utils_fp4 as marlin
+    except Exception:  # vLLM missing or built for another torch: Marlin is optional
+        return None
+    layer = torch.nn.Module()
+    n, k = packed.shape[0], packed.shape[1] * 2
+    layer.weight = torch.nn.Parameter(packed.view(torch.uint8), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(scales.view(torch.float8_e4m3fn), requires_grad=False)
+    layer.weight_global_scale = torch.nn.Parameter(alpha.reshape(()).clone(), requires_grad=False)
+    layer.output_size_per_partition, layer.input_size_per_partition = n, k
+    layer.params_dtype = torch.bfloat16
+    marlin.prepare_fp4_layer_for_marlin(layer)
+    return lambda x: marlin.apply_fp4_marlin_linear(
+        x, layer.weight, layer.weight_scale, layer.weight_global_scale, layer.workspace, n, k
+    )
+
+
+def bench(ms: list[int], n: int, k: int) -> list[dict]:
+    """Ours, BF16 cuBLAS (F.linear) and, when vLLM imports, Marlin, each rotating over >= 512 MB."""
+    copies = max(2, math.ceil(ROTATION_BYTES / (n * k * 9 // 16)))
+    weights = [random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(copies)]
+    ours = [prepare_nvfp4_weight(*w) for w in weights]
+    marlins = [marlin_linear_or_none(*w) for w in weights]
+    dense = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, math.ceil(ROTATION_BYTES / (n * k * 2))))]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        row = {"m": m, "n": n, "k": k}
+        row["ours_us"] = time_per_call([lambda w=w: nvfp4_w4a16_linear(x, w) for w in ours])
+        row["cublas_us"] = time_per_call([lambda d=d: torch.nn.functional.linear(x, d) for d in dense])
+        if marlins[0] is not None:
+            row["marlin_us"] = time_per_call([lambda f=f: f(x) for f in marlins])
+        row["ours_weight_tb_s"] = n * k * 9 / 16 / (row["ours_us"] * 1e-6) / 1e12
+        rows.append(row)
+        print(
+            f"M={m:5d} {n}x{k}: ours {row['ours_us']:8.1f} us  cuBLAS {row['cublas_us']:8.1f} us  "
+            + (f"Marlin {row['marlin_us']:8.1f} us  " if "marlin_us" in row else "Marlin n/a  ")
+            + f"weights at {row['ours_weight_tb_s']:.2f} TB/s ({row['ours_weight_tb_s'] * 1e12 / HBM_BYTES_PER_S:.0%} of 4.46)",
+            flush=True,
+        )
+    return rows
+
+
+def compile_only(shapes: list[tuple[int, int]], ms: list[int], arch: str) -> None:
+    """No GPU: check the layout on the CPU, and lower and compile the heuristic's kernels for ``arch``."""
+    weight = random_nvfp4_weight(256, 512, generator=torch.Generator().manual_seed(0))
+    exact = torch.equal(emulate_register_dequant(prepare_nvfp4_weight(*weight)), dequantize_nvfp4(*weight))
+    print(f"layout: the register-dequant emulation {'matches' if exact else 'DIFFERS FROM'} the reference decode bit for bit")
+    if not exact:
+        raise SystemExit(1)
+    for n, k in shapes:
+        for config in sorted({get_config(m, n, k) for m in ms}, key=str):
+            compile_kernel(n, k, config, arch)
+            print(f"compiled for {arch}: N={n} K={k} {config} ({config.kernel_shape().shared_bytes()} B shared)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 300, 1024], help="rows of x")
+    parser.add_argument("--n", type=int, nargs="+", default=[4096, 5120], help="output features (paired with --k)")
+    parser.add_argument("--k", type=int, nargs="+", default=[4096, 6144], help="input features (paired with --n)")
+    parser.add_argument("--verify", action="store_true", help="check against the FP32 reference")
+    parser.add_argument("--bench", action="store_true", help="time against cuBLAS BF16 (and Marlin if vLLM imports)")
+    parser.add_argument("--arch", help="compile only, for this arch (e.g. sm_120, sm_90); the default without a GPU is sm_120")
+    args = parser.parse_args(argv)
+    if len(args.n) != len(args.k):
+        parser.error("--n and --k take the same number of values")
+    shapes = list(zip(args.n, args.k))
+    if args.arch or not torch.cuda.is_available():
+        if not torch.cuda.is_available():
+            print("No CUDA GPU here: compiling the kernels and checking the layout on the CPU instead.")
+        compile_only(shapes, args.m, args.arch or "sm_120")
+        return 0
+    failed = False
+    if args.verify or not args.bench:
+        print(f"{'M':>5} {'N':>6} {'K':>6}  {'config':<70} {'rel_frob':>9} {'worst_row':>9}  result")
+        for n, k in shapes:
+            for m in args.m:
+                r = verify(m, n, k)
+                config = get_config(min(m, MAX_M_PER_LAUNCH), n, k, sm_count=_sm_count(torch.device("cuda", torch.cuda.current_device())))
+                print(f"{m:5d} {n:6d} {k:6d}  {str(config):<70} {r['rel_frobenius']:9.2e} {r['worst_row']:9.2e}  {'ok' if r['ok'] else 'FAIL ' + str(r)}")
+                failed |= not r["ok"]
+    if args.bench:
+        for n, k in shapes:
+            bench(args.m, n, k)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
