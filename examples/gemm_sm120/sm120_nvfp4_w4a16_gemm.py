@@ -428,9 +428,9 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                 acc[i] = 0.0
             for ko in T.Pipelined(k_tiles, num_stages=shape.stages):
                 k0 = (bk * k_tiles + ko) * bk_
-                T.copy(x[bm * bm_, k0], x_tile)
-                T.copy(codes[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], code_tile)
-                T.copy(scales[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], scale_tile)
+                T.copy(x[bm * bm_, k0], x_tile, disable_tma=True)
+                T.copy(codes[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], code_tile, disable_tma=True)
+                T.copy(scales[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], scale_tile, disable_tma=True)
                 for kb in T.unroll(bk_ // FRAG_K):
                     # A fragments of both k16 steps for every row tile (ldmatrix.x4: lane l
                     # points at row l % 16, column 8 * (l // 16) of a 16x16 tile).
@@ -538,6 +538,7 @@ FRAG_MAX_BLOCK_M = 64
 FRAG_MAX_M = 96  # the heuristic's fragment-kernel range: up to two 64-row passes
 MAX_ACCUMULATORS = 128  # FP32 accumulators per thread; more would spill on 4-warp CTAs
 MAX_SPLIT_K = 16
+DEFAULT_STAGES = 4  # cp.async stages: enough bytes in flight to stream weights at full bandwidth
 
 
 def check_config(config: Config, n: int, k: int) -> None:
@@ -596,18 +597,19 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
         block_m = min(FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
         block_k = 128 if block_m <= 32 else 64
         tiles = n // 128 * math.ceil(m / block_m)
-        return FragConfig(block_m, 128, block_k, _split_k(tiles, k, block_k, 4, 2 * sm_count), 4)
+        split = _split_k(tiles, k, block_k, DEFAULT_STAGES, 2 * sm_count)
+        return FragConfig(block_m, 128, block_k, split, min(DEFAULT_STAGES, k // (block_k * split)))
     tiles = n // 128 * math.ceil(min(m, MAX_M_PER_LAUNCH) / 128)
-    return TileConfig(128, 128, 64, 2, 2, _split_k(tiles, k, 64, 4, sm_count), 4)
+    split = _split_k(tiles, k, 64, DEFAULT_STAGES, sm_count)
+    return TileConfig(128, 128, 64, 2, 2, split, min(DEFAULT_STAGES, k // (64 * split)))
 
 
 # ----------------------------------------------------------------------------------------------
 # 5. Dispatch and the public function
 # ----------------------------------------------------------------------------------------------
 
-# Compile options shared by every target: TileLang's automatic warp specialization emits
-# setmaxnreg, which sm_120 lacks, and our loads are plain cp.async on every arch.
-PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.disable_tma_lower": True}
+# TileLang's automatic warp specialization emits setmaxnreg, which sm_120 lacks.
+PASS_CONFIGS = {"tl.disable_warp_specialized": True}
 
 
 def compile_kernel(n: int, k: int, config: Config, arch: str):
@@ -748,27 +750,28 @@ def _check_linear_inputs(x, w, config, out) -> tuple[torch.Tensor, torch.Tensor]
         raise TypeError(f"x must be a bfloat16 tensor, got {_describe(x)}")
     if x.dim() != 2 or x.shape[1] != w.k:
         raise ValueError(f"x must have shape [M, K={w.k}], got {tuple(x.shape)}")
-    if x.device != w.device or x.device.type != "cuda":
-        raise ValueError(f"x must be on the weight's CUDA device {w.device}, got {x.device}")
     if x.numel() * x.element_size() >= MAX_OPERAND_BYTES:
         raise ValueError(f"x must be under 4 GiB (32-bit offsets), got shape {tuple(x.shape)}")
+    m = x.shape[0]
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+            raise TypeError(f"out must be a bfloat16 tensor, got {_describe(out)}")
+        if tuple(out.shape) != (m, w.n):
+            raise ValueError(f"out must have shape [M, N] = {(m, w.n)}, got {tuple(out.shape)}")
+        if not out.is_contiguous() or out.data_ptr() % 16:
+            raise ValueError("out must be contiguous and 16-byte aligned")
     if config is not None:
         check_config(config, w.n, w.k)
+    if x.device != w.device or x.device.type != "cuda":
+        raise ValueError(f"x must be on the weight's CUDA device, {w.device}; got {x.device}")
+    if out is not None and out.device != x.device:
+        raise ValueError(f"out must be on x's device {x.device}, got {out.device}")
     if not x.is_contiguous():
         x = x.contiguous()
     if x.data_ptr() % 16:
         x = x.clone()  # cp.async moves 16-byte pieces; a fresh allocation is aligned
-    m = x.shape[0]
     if out is None:
-        return x, torch.empty((m, w.n), dtype=torch.bfloat16, device=x.device)
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
-        raise TypeError(f"out must be a bfloat16 tensor, got {_describe(out)}")
-    if tuple(out.shape) != (m, w.n):
-        raise ValueError(f"out must have shape [M, N] = {(m, w.n)}, got {tuple(out.shape)}")
-    if out.device != x.device:
-        raise ValueError(f"out must be on {x.device}, got {out.device}")
-    if not out.is_contiguous() or out.data_ptr() % 16:
-        raise ValueError("out must be contiguous and 16-byte aligned")
+        out = torch.empty((m, w.n), dtype=torch.bfloat16, device=x.device)
     return x, out
 
 

@@ -1,0 +1,383 @@
+"""Tests for examples/gemm_sm120/sm120_nvfp4_w4a16_gemm.py.
+
+CPU tests (run everywhere): the register dequant emulated bit for bit at the PTX m16n8k16
+B-fragment positions, input checks, config coverage, and compiling the kernels for sm_90 and sm_120.
+GPU tests (skipped without a GPU): every result against the FP32 reference with the bounds of
+DESIGN.md section 8, determinism, CUDA graphs.
+"""
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "examples" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_gemm as nv  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (sm_90 or newer)")
+
+FINITE_E4M3_BYTES = [b for b in range(256) if b & 0x7F != nv.E4M3_NAN_MAGNITUDE]
+
+
+def weight_with_scale_bytes(n, k, scale_bytes, seed=0):
+    """Random codes and scales cycling through ``scale_bytes`` (raw E4M3 patterns)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    count = n * k // nv.SCALE_BLOCK
+    order = torch.randperm(count, generator=g)
+    raw = torch.tensor(scale_bytes, dtype=torch.uint8).repeat(count // len(scale_bytes) + 1)[:count][order]
+    return packed, raw.reshape(n, k // nv.SCALE_BLOCK)
+
+
+def per_column_alpha(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, generator=g) + 0.5) * 2.0 ** torch.randint(-8, 3, (n,), generator=g).float()
+
+
+# ---------------------------------------------------------------- CPU: the layout, bit for bit
+
+
+def test_layout_bits_cover_each_word_once():
+    bits = sorted(sum(nv.CODE_BIT_POSITIONS, []))
+    assert bits == list(range(32))
+
+
+@pytest.mark.parametrize("alpha_kind", ["scalar", "per_column"])
+def test_register_dequant_exact_for_every_finite_e4m3_scale(alpha_kind):
+    n, k = 256, 512  # 8192 scales: every finite E4M3 byte (zero, negative, subnormal) many times
+    packed, raw = weight_with_scale_bytes(n, k, FINITE_E4M3_BYTES)
+    scales = raw.view(torch.float8_e4m3fn)
+    alpha = torch.tensor(0.375) if alpha_kind == "scalar" else per_column_alpha(n)
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    emulated = nv.emulate_register_dequant(w)
+    reference = nv.dequantize_nvfp4(packed, scales, alpha)
+    assert torch.equal(emulated, reference)
+    assert set(raw.unique().tolist()) == set(FINITE_E4M3_BYTES)
+
+
+def test_register_dequant_exact_for_ue4m3_bytes_and_per_column_alpha():
+    n, k = 128, 1024
+    ue4m3 = [b for b in range(0x80) if b != nv.E4M3_NAN_MAGNITUDE]
+    packed, raw = weight_with_scale_bytes(n, k, ue4m3, seed=1)
+    alpha = per_column_alpha(n, seed=1)
+    w = nv.prepare_nvfp4_weight(packed.view(torch.int8), raw, alpha)
+    assert torch.equal(nv.emulate_register_dequant(w), nv.dequantize_nvfp4(packed, raw, alpha))
+    same = nv.prepare_nvfp4_weight(packed, raw.view(torch.float8_e4m3fn), alpha)
+    assert torch.equal(w.codes, same.codes) and torch.equal(w.scales, same.scales)
+
+
+def test_one_code_lands_at_its_b_fragment_position():
+    """A single nonzero code must come out at exactly its (n, k), nowhere else."""
+    n, k = 128, 256
+    scales = torch.full((n, k // 16), 1.0).to(torch.float8_e4m3fn)
+    for row, col in [(0, 0), (1, 2), (37, 91), (127, 255), (64, 17)]:
+        codes = torch.zeros(n, k, dtype=torch.uint8)
+        codes[row, col] = 7  # 6.0
+        packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        dense = nv.emulate_register_dequant(nv.prepare_nvfp4_weight(packed, scales, 1.0))
+        assert dense[row, col] == 6.0 and torch.count_nonzero(dense) == 1
+
+
+def test_prepared_weight_is_the_checkpoint_size():
+    n, k = 384, 768
+    packed, scales, alpha = nv.random_nvfp4_weight(n, k)
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    nbytes = w.codes.numel() * 4 + w.scales.numel() * 4
+    assert nbytes == n * k // 2 + n * k // 16
+
+
+def test_reference_decoders():
+    assert nv.decode_e4m3(torch.tensor([0x38, 0x01, 0x7E, 0xB8, 0x80, 0x7F], dtype=torch.uint8)).tolist()[:5] == [
+        1.0, 2.0**-9, 448.0, -1.0, -0.0,
+    ]  # fmt: skip
+    assert torch.isnan(nv.decode_e4m3(torch.tensor([0x7F, 0xFF], dtype=torch.uint8))).all()
+    assert torch.isnan(nv.decode_ue4m3(torch.tensor([0x80], dtype=torch.uint8))).all()
+    # float8_e4m3fn's own conversion agrees on every finite byte
+    raw = torch.tensor(FINITE_E4M3_BYTES, dtype=torch.uint8)
+    assert torch.equal(nv.decode_e4m3(raw), raw.view(torch.float8_e4m3fn).float())
+    packed = torch.tensor([[0x71, 0xF8]], dtype=torch.uint8)
+    assert nv.decode_e2m1(packed).tolist() == [[0.5, 6.0, -0.0, -6.0]]
+
+
+# ---------------------------------------------------------------- CPU: input checks
+
+
+def good_inputs(n=128, k=256):
+    return nv.random_nvfp4_weight(n, k)
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda p, s, a: (p.float(), s, a), TypeError, "packed"),
+        (lambda p, s, a: (p.numpy(), s, a), TypeError, "packed"),
+        (lambda p, s, a: (p, torch.full(s.shape, 1000.0), a), TypeError, "scales"),  # float32 above E4M3
+        (lambda p, s, a: (p, s.float(), a), TypeError, "scales"),
+        (lambda p, s, a: (p, s.float().bfloat16(), a), TypeError, "scales"),
+        (lambda p, s, a: (p, s.view(torch.uint8).int(), a), TypeError, "scales"),
+        (lambda p, s, a: (p[:64], s[:64], a), ValueError, "N % 128"),
+        (lambda p, s, a: (p[:, :64], s[:, :8], a), ValueError, "K % 256"),
+        (lambda p, s, a: (p.reshape(-1), s, a), ValueError, "2-D"),
+        (lambda p, s, a: (p, s[:, :8], a), ValueError, "scales must have shape"),
+        (lambda p, s, a: (p, nan_scales(s, 0x7F), a), ValueError, "NaN"),
+        (lambda p, s, a: (p, nan_scales(s, 0xFF), a), ValueError, "NaN"),
+        (lambda p, s, a: (p, nan_scales(s, 0x7F).view(torch.uint8), a), ValueError, "NaN"),
+        (lambda p, s, a: (p, s.view(torch.uint8) | 0x80, a), ValueError, "0x80"),
+        (lambda p, s, a: (p, s, a.double()), TypeError, "alpha"),
+        (lambda p, s, a: (p, s, a.bfloat16()), TypeError, "alpha"),
+        (lambda p, s, a: (p, s, "0.5"), TypeError, "alpha"),
+        (lambda p, s, a: (p, s, torch.ones(7)), ValueError, "alpha"),
+        (lambda p, s, a: (p, s, torch.tensor([float("inf")])), ValueError, "alpha"),
+        (lambda p, s, a: (p, s, torch.tensor([float("nan")])), ValueError, "alpha"),
+    ],
+)
+def test_prepare_rejects_bad_inputs(change, error, match):
+    packed, scales, alpha = good_inputs()
+    before = (packed.clone(), scales.view(torch.uint8).clone())
+    with pytest.raises(error, match=match):
+        nv.prepare_nvfp4_weight(*change(packed, scales, alpha))
+    assert torch.equal(packed, before[0]) and torch.equal(scales.view(torch.uint8), before[1])  # nothing corrupted
+
+
+def nan_scales(scales, byte):
+    raw = scales.view(torch.uint8).clone()
+    raw[3, 5] = byte
+    return raw.view(torch.float8_e4m3fn)
+
+
+def test_prepare_accepts_alpha_forms():
+    packed, scales, _ = good_inputs()
+    for alpha in (0.5, torch.tensor(0.5), torch.tensor([0.5]), torch.full((128,), 0.5)):
+        w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+        assert torch.equal(w.alpha_x128, torch.full((128,), 64.0))
+
+
+@pytest.fixture(scope="module")
+def cpu_weight():
+    return nv.prepare_nvfp4_weight(*good_inputs())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(w="weight"), TypeError, "w must be"),
+        (dict(x=[[1.0]]), TypeError, "x must be"),
+        (dict(x=torch.zeros(4, 256)), TypeError, "x must be a bfloat16"),
+        (dict(x=torch.zeros(4, 128, dtype=torch.bfloat16)), ValueError, "x must have shape"),
+        (dict(x=torch.zeros(4, 2, 128, dtype=torch.bfloat16)), ValueError, "x must have shape"),
+        (dict(out=torch.zeros(4, 128)), TypeError, "out must be"),
+        (dict(out=torch.zeros(4, 256, dtype=torch.bfloat16)), ValueError, "out must have shape"),
+        (dict(out=torch.zeros(128, 4, dtype=torch.bfloat16).T), ValueError, "contiguous"),
+        (dict(out=torch.zeros(4 * 128 + 1, dtype=torch.bfloat16)[1:].view(4, 128)), ValueError, "aligned"),
+        (dict(config=(16, 128, 128, 1, 4)), TypeError, "config"),
+        (dict(config=nv.FragConfig(block_m=80)), ValueError, "block_m"),
+        (dict(config=nv.FragConfig(block_n=256)), ValueError, "divide N"),
+        (dict(config=nv.FragConfig(block_k=128, split_k=4)), ValueError, "divide K"),
+        (dict(config=nv.TileConfig(block_m=256, block_k=128)), ValueError, "shared memory"),
+        (dict(x=torch.zeros(4, 256, dtype=torch.bfloat16)), ValueError, "CUDA device"),
+    ],
+)
+def test_linear_rejects_bad_inputs(cpu_weight, kwargs, error, match):
+    args = dict(x=torch.zeros(4, 256, dtype=torch.bfloat16), w=cpu_weight, config=None, out=None)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        nv.nvfp4_w4a16_linear(**args)
+
+
+# ---------------------------------------------------------------- CPU: configs
+
+
+CONFIG_SHAPES = [
+    (16384, 5120), (14336, 5120), (5120, 6144), (34816, 5120), (5120, 17408),
+    (4096, 4096), (640, 2304), (128, 256), (11008, 4096), (4096, 11008),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("n, k", CONFIG_SHAPES)
+@pytest.mark.parametrize("sm_count", [132, 188])  # H200, RTX PRO 6000 Blackwell
+def test_every_heuristic_config_fits(n, k, sm_count):
+    seen = set()
+    for m in range(1, nv.MAX_M_PER_LAUNCH + 1):
+        config = nv.get_config(m, n, k, sm_count=sm_count)
+        if config in seen:
+            continue
+        seen.add(config)
+        nv.check_config(config, n, k)  # raises if it does not divide the shape or fit sm_120
+        shape = config.kernel_shape()
+        assert shape.shared_bytes() <= nv.SM120_SMEM_PER_CTA <= nv.SM120_SMEM_PER_SM
+        assert n % shape.block_n == 0 and k % (shape.block_k * shape.split_k) == 0
+        assert isinstance(config, nv.FragConfig) == (m <= nv.FRAG_MAX_M)
+
+
+def test_split_k_fills_the_gpu_at_decode_sizes():
+    config = nv.get_config(1, 5120, 6144, sm_count=132)
+    assert config.split_k > 1 and 5120 // config.block_n * config.split_k >= 132
+
+
+# ---------------------------------------------------------------- CPU: compiling for both archs
+
+
+COMPILE_CONFIGS = [nv.FragConfig(16, 128, 128, split_k=4, stages=4), nv.TileConfig(128, 128, 64, 2, 2, split_k=1, stages=4)]
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+@pytest.mark.parametrize("config", COMPILE_CONFIGS, ids=["fragment_splitk", "tile"])
+def test_kernels_compile(arch, config):
+    kernel = nv.compile_kernel(5120, 6144, config, arch)
+    source = kernel.get_kernel_source()
+    assert "mul.rn.bf16x2" in source and "mma_sync" in source and "cp_async" in source
+    assert "setmaxnreg" not in source  # sm_120 has no setmaxnreg
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def assert_ok(result):
+    assert result["ok"], result
+
+
+GPU_SHAPES = [(5120, 6144), (4096, 4096), (640, 2304), (128, 256)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("n, k", GPU_SHAPES)
+@pytest.mark.parametrize("m", [1, 17, 64, 200, 1024])
+def test_matches_reference(m, n, k):
+    assert_ok(nv.verify(m, n, k, seed=m + n))
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    "m, config",
+    [
+        (40, nv.FragConfig(16, 128, 128, split_k=1, stages=4)),  # three 16-row passes
+        (40, nv.FragConfig(16, 64, 64, split_k=8, stages=2)),
+        (33, nv.FragConfig(48, 256, 64, split_k=2, stages=3)),
+        (96, nv.FragConfig(64, 128, 64, split_k=4, stages=4)),
+        (7, nv.FragConfig(32, 32, 256, split_k=8, stages=2)),
+        (200, nv.TileConfig(64, 128, 64, 2, 2, split_k=4, stages=4)),
+        (300, nv.TileConfig(128, 256, 64, 2, 4, split_k=1, stages=3)),
+        (129, nv.TileConfig(128, 128, 64, 2, 2, split_k=2, stages=4)),
+        (1024, nv.TileConfig(64, 64, 128, 1, 2, split_k=8, stages=2)),
+    ],
+)
+def test_explicit_configs(m, config):
+    assert_ok(nv.verify(m, 4096, 4096, config=config, seed=m))
+
+
+@needs_gpu
+def test_zero_negative_subnormal_scales_with_per_column_alpha():
+    n, k = 1024, 2048
+    packed, raw = weight_with_scale_bytes(n, k, FINITE_E4M3_BYTES, seed=3)
+    # Mostly ordinary scales so the output stays well conditioned, with every finite byte present.
+    ordinary = nv.random_nvfp4_weight(n, k, generator=torch.Generator().manual_seed(3))[1].view(torch.uint8)
+    keep = torch.rand(raw.shape, generator=torch.Generator().manual_seed(4)) < 0.1
+    raw = torch.where(keep, raw, ordinary)
+    scales, alpha = raw.view(torch.float8_e4m3fn).cuda(), per_column_alpha(n).cuda()
+    packed = packed.cuda()
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    for m in (1, 64, 300):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        assert_ok(nv.compare_with_reference(nv.nvfp4_w4a16_linear(x, w), nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+
+
+@pytest.fixture(scope="module")
+def gpu_case():
+    n, k = 4096, 4096
+    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(7))
+    return packed, scales, alpha, nv.prepare_nvfp4_weight(packed, scales, alpha)
+
+
+@needs_gpu
+def test_m_above_1024_runs_as_chunks(gpu_case):
+    packed, scales, alpha, w = gpu_case
+    x = torch.randn(1100, 4096, device="cuda", dtype=torch.bfloat16)
+    y = nv.nvfp4_w4a16_linear(x, w)
+    assert_ok(nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+    assert torch.equal(y[1024:], nv.nvfp4_w4a16_linear(x[1024:], w))
+
+
+@needs_gpu
+def test_out_argument_and_misaligned_x(gpu_case):
+    packed, scales, alpha, w = gpu_case
+    m = 17
+    storage = torch.randn(m * 4096 + 8, device="cuda", dtype=torch.bfloat16)
+    x = storage[1 : 1 + m * 4096].view(m, 4096)
+    assert x.data_ptr() % 16
+    out = torch.full((m, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = nv.nvfp4_w4a16_linear(x, w, out=out)
+    assert y is out
+    assert_ok(nv.compare_with_reference(out, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+    assert torch.equal(out, nv.nvfp4_w4a16_linear(x.clone(), w))
+    with pytest.raises(ValueError, match="device"):
+        nv.nvfp4_w4a16_linear(x, w, out=torch.empty(m, 4096, dtype=torch.bfloat16))
+
+
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 48, 200])
+def test_cuda_graph_replays_match_eager(gpu_case, m):
+    _, _, _, w = gpu_case
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    nv.nvfp4_w4a16_linear(x, w)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nv.nvfp4_w4a16_linear(x, w)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, nv.nvfp4_w4a16_linear(x, w))
+
+
+@needs_gpu
+def test_first_call_inside_a_graph_sharing_a_pool():
+    """The very first call for a weight happens inside a capture whose pool an earlier graph used."""
+    n, k, m = 2048, 1024, 8
+    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(9))
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)  # creates the device workspace
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    first = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        scratch = torch.randn(1 << 20, device="cuda").sum()
+    second = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(second, pool=first.pool()):
+        y = nv.nvfp4_w4a16_linear(x, w)
+    first.replay()
+    second.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(scratch)
+    assert_ok(nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+
+
+@needs_gpu
+def test_capture_that_needs_a_new_workspace_raises():
+    saved = dict(nv._WORKSPACES)
+    try:
+        packed, scales, alpha = nv.random_nvfp4_weight(128, 256, "cuda")
+        w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+        x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+        nv.nvfp4_w4a16_linear(x, w)
+        nv._WORKSPACES.clear()  # as if the weight had been prepared somewhere else
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="workspace"):
+            with torch.cuda.graph(graph):
+                nv.nvfp4_w4a16_linear(x, w)
+    finally:
+        nv._WORKSPACES.clear()
+        nv._WORKSPACES.update(saved)
+
+
+SWEEP_M = [1, 2, 8, 16, 24, 32, 40, 64, 72, 96, 97, 128, 200, 256, 384, 640, 1024]
+
+
+@needs_gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("n, k", [(16384, 5120), (5120, 17408), (11008, 4096), (640, 2304), (384, 768)])
+def test_sweep(n, k):
+    failures = [(m, r) for m in SWEEP_M if not (r := nv.verify(m, n, k, seed=m))["ok"]]
+    assert not failures, failures
