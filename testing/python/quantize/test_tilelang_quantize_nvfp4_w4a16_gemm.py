@@ -6,6 +6,9 @@ GPU tests (skipped without a GPU): every result against the FP32 reference with 
 DESIGN.md section 8, determinism, CUDA graphs.
 """
 
+import concurrent.futures
+import multiprocessing
+import os
 import pathlib
 import sys
 
@@ -241,6 +244,44 @@ def assert_ok(result):
 
 
 GPU_SHAPES = [(5120, 6144), (4096, 4096), (640, 2304), (128, 256)]
+GPU_MS = [1, 17, 64, 200, 1024]
+EXPLICIT_CONFIGS = [
+    (40, nv.FragConfig(16, 128, 128, split_k=1, stages=4)),  # three 16-row passes
+    (40, nv.FragConfig(16, 64, 64, split_k=8, stages=2)),
+    (33, nv.FragConfig(48, 256, 64, split_k=2, stages=3)),
+    (96, nv.FragConfig(64, 128, 64, split_k=4, stages=4)),
+    (7, nv.FragConfig(32, 32, 256, split_k=8, stages=2)),
+    (200, nv.TileConfig(64, 128, 64, 2, 2, split_k=4, stages=4)),
+    (300, nv.TileConfig(128, 256, 64, 2, 4, split_k=1, stages=3)),
+    (129, nv.TileConfig(128, 128, 64, 2, 2, split_k=2, stages=4)),
+    (1024, nv.TileConfig(64, 64, 128, 1, 2, split_k=8, stages=2)),
+]
+SWEEP_SHAPES = [(16384, 5120), (5120, 17408), (11008, 4096), (640, 2304), (384, 768)]
+SWEEP_M = [1, 2, 8, 16, 24, 32, 40, 64, 72, 96, 97, 128, 200, 256, 384, 640, 1024]
+
+
+def _compile_in_worker(n, k, config, arch):
+    nv.compile_kernel(n, k, config, arch)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def precompiled_kernels(request):
+    """Compile the GPU tests' kernels in parallel processes first: TileLang's disk cache then makes
+    each in-test compile a load (minutes of nvcc become seconds). Correctness does not depend on it."""
+    if not HAS_GPU:
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    major, minor = torch.cuda.get_device_capability()
+    cases = {(n, k, nv.get_config(m, n, k, sm_count=sms)) for n, k in GPU_SHAPES for m in GPU_MS}
+    cases |= {(4096, 4096, config) for _, config in EXPLICIT_CONFIGS}
+    cases |= {(4096, 4096, nv.get_config(m, 4096, 4096, sm_count=sms)) for m in (1, 17, 48, 76, 200, 1024)}
+    cases |= {(1024, 2048, nv.get_config(m, 1024, 2048, sm_count=sms)) for m in (1, 64, 300)}
+    if "not slow" not in (request.config.getoption("markexpr") or ""):
+        cases |= {(n, k, nv.get_config(m, n, k, sm_count=sms)) for n, k in SWEEP_SHAPES for m in SWEEP_M}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
+        for future in [pool.submit(_compile_in_worker, n, k, c, f"sm_{major}{minor}") for n, k, c in cases]:
+            future.result()
 
 
 @needs_gpu
@@ -251,20 +292,7 @@ def test_matches_reference(m, n, k):
 
 
 @needs_gpu
-@pytest.mark.parametrize(
-    "m, config",
-    [
-        (40, nv.FragConfig(16, 128, 128, split_k=1, stages=4)),  # three 16-row passes
-        (40, nv.FragConfig(16, 64, 64, split_k=8, stages=2)),
-        (33, nv.FragConfig(48, 256, 64, split_k=2, stages=3)),
-        (96, nv.FragConfig(64, 128, 64, split_k=4, stages=4)),
-        (7, nv.FragConfig(32, 32, 256, split_k=8, stages=2)),
-        (200, nv.TileConfig(64, 128, 64, 2, 2, split_k=4, stages=4)),
-        (300, nv.TileConfig(128, 256, 64, 2, 4, split_k=1, stages=3)),
-        (129, nv.TileConfig(128, 128, 64, 2, 2, split_k=2, stages=4)),
-        (1024, nv.TileConfig(64, 64, 128, 1, 2, split_k=8, stages=2)),
-    ],
-)
+@pytest.mark.parametrize("m, config", EXPLICIT_CONFIGS)
 def test_explicit_configs(m, config):
     assert_ok(nv.verify(m, 4096, 4096, config=config, seed=m))
 
@@ -356,6 +384,7 @@ def test_first_call_inside_a_graph_sharing_a_pool():
 
 @needs_gpu
 def test_capture_that_needs_a_new_workspace_raises():
+    """The workspace is made by prepare_nvfp4_weight; a capture must never allocate it."""
     saved = dict(nv._WORKSPACES)
     try:
         packed, scales, alpha = nv.random_nvfp4_weight(128, 256, "cuda")
@@ -372,12 +401,9 @@ def test_capture_that_needs_a_new_workspace_raises():
         nv._WORKSPACES.update(saved)
 
 
-SWEEP_M = [1, 2, 8, 16, 24, 32, 40, 64, 72, 96, 97, 128, 200, 256, 384, 640, 1024]
-
-
 @needs_gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("n, k", [(16384, 5120), (5120, 17408), (11008, 4096), (640, 2304), (384, 768)])
+@pytest.mark.parametrize("n, k", SWEEP_SHAPES)
 def test_sweep(n, k):
     failures = [(m, r) for m in SWEEP_M if not (r := nv.verify(m, n, k, seed=m))["ok"]]
     assert not failures, failures
