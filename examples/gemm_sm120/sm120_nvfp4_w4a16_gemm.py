@@ -472,11 +472,12 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                     if row0 + acc_row(q) < M:
                         y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
             else:
-                padded_m = T.ceildiv(M, bm_) * bm_
+                # Partials [split_k, M, N]: only real rows travel (at M = 1, 1/16 of a padded tile).
                 ticket = T.alloc_shared((1,), T.int32)
                 tile = bm * (n // bn_) + bn
                 for q in T.unroll(acc_size):
-                    partials[(bk * padded_m + row0 + acc_row(q)) * n + col0 + acc_col(q)] = acc[q]
+                    if row0 + acc_row(q) < M:
+                        partials[(bk * M + row0 + acc_row(q)) * n + col0 + acc_col(q)] = acc[q]
                 T.evaluate(T.call_extern("handle", "__threadfence"))
                 T.sync_threads()
                 if tx == 0:
@@ -487,11 +488,11 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                     # (its own included, read back), so the result does not depend on arrival order.
                     T.evaluate(T.call_extern("handle", "__threadfence"))
                     for q in T.unroll(acc_size):
-                        acc[q] = 0.0
-                        for sk in T.serial(split_k):
-                            at = (sk * padded_m + row0 + acc_row(q)) * n + col0 + acc_col(q)
-                            acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
                         if row0 + acc_row(q) < M:
+                            acc[q] = 0.0
+                            for sk in T.serial(split_k):
+                                at = (sk * M + row0 + acc_row(q)) * n + col0 + acc_col(q)
+                                acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
                             y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
                     if tx == 0:
                         tickets[tile] = 0
@@ -572,12 +573,14 @@ def check_config(config: Config, n: int, k: int) -> None:
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
-def _split_k(tiles: int, k: int, block_k: int, stages: int, target_ctas: int) -> int:
-    """The smallest power-of-two split that gives ``target_ctas`` CTAs while every split keeps
-    at least ``stages`` k tiles."""
+def _split_k(tiles: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
+    """Split K only when the output tiles would leave half of the SMs idle (the partials cost a
+    write and a read of FP32 per split); then double the split until there are
+    ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split."""
     split = 1
     while (
-        tiles * split < target_ctas
+        2 * tiles < sm_count
+        and tiles * split < target_ctas
         and split * 2 <= MAX_SPLIT_K
         and k % (block_k * split * 2) == 0
         and k // (block_k * split * 2) >= stages
@@ -590,18 +593,21 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
     """A shape-independent heuristic (no per-shape table; maint's tuned tables do that).
 
     M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
-    split-K until there are about two CTAs per SM (small CTAs: several stream per SM).
-    Larger M: 128 x 128 tiles, split-K until one wave.
+    128 x 128 weight tiles, split-K to about two CTAs per SM where the tiles are too few (several
+    small CTAs stream per SM). Larger M: 64-row tiles over four warps (two where N % 256 != 0),
+    split-K to about one wave where the tiles are too few.
+    Measured on the H200 (2026-11-29) against the other candidates of the same family.
     """
     if m <= FRAG_MAX_M:
         block_m = min(FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
-        block_k = 128 if block_m <= 32 else 64
+        stages = DEFAULT_STAGES if block_m <= 48 else DEFAULT_STAGES - 1  # 64 x 128 x tiles: 4 stages > 99 KB
         tiles = n // 128 * math.ceil(m / block_m)
-        split = _split_k(tiles, k, block_k, DEFAULT_STAGES, 2 * sm_count)
-        return FragConfig(block_m, 128, block_k, split, min(DEFAULT_STAGES, k // (block_k * split)))
-    tiles = n // 128 * math.ceil(min(m, MAX_M_PER_LAUNCH) / 128)
-    split = _split_k(tiles, k, 64, DEFAULT_STAGES, sm_count)
-    return TileConfig(128, 128, 64, 2, 2, split, min(DEFAULT_STAGES, k // (64 * split)))
+        split = _split_k(tiles, k, 128, stages, 2 * sm_count, sm_count)
+        return FragConfig(block_m, 128, 128, split, min(stages, k // (128 * split)))
+    block_n = 256 if n % 256 == 0 else 128
+    tiles = n // block_n * math.ceil(min(m, MAX_M_PER_LAUNCH) / 64)
+    split = _split_k(tiles, k, 64, DEFAULT_STAGES, sm_count, sm_count)
+    return TileConfig(64, block_n, 64, 1, block_n // 64, split, min(DEFAULT_STAGES, k // (64 * split)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -692,8 +698,9 @@ def nvfp4_w4a16_linear(
         shape = chunk_config.kernel_shape()
         partials = ws.no_partials
         if shape.split_k > 1:
-            padded_rows = math.ceil(rows / shape.block_m) * shape.block_m
-            partials = torch.empty(shape.split_k * padded_rows * w.n, dtype=torch.float32, device=x.device)
+            if shape.split_k * rows * w.n >= 2**31:
+                raise ValueError(f"config: split_k={shape.split_k} partials of {rows}x{w.n} exceed 32-bit offsets")
+            partials = torch.empty(shape.split_k * rows * w.n, dtype=torch.float32, device=x.device)
         kernel = _kernel_for(w.n, w.k, chunk_config, w.device)
         kernel(x[start : start + rows], w.codes, w.scales, w.alpha_x128, out[start : start + rows], partials, ws.tickets)
     return out
