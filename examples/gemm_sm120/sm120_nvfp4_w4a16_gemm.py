@@ -36,7 +36,7 @@ import torch
 # E2M1 code -> value. Codes 8..15 are the same magnitudes negated (8 is -0).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 SCALE_BLOCK = 16  # one E4M3 scale per 16 consecutive K values
-E4M3_MAX = 448.0
+E4M3_MAX = 448.0  # largest finite E4M3 value
 E4M3_NAN_MAGNITUDE = 0x7F  # 0x7F and 0xFF are NaN in E4M3 (there is no infinity)
 
 
@@ -715,7 +715,7 @@ def _check_prepare_inputs(packed, scales, alpha) -> tuple[int, int, torch.Tensor
     if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
         raise TypeError(
             "scales must be torch.float8_e4m3fn or uint8 UE4M3 bytes (convert float scales with "
-            f".to(torch.float8_e4m3fn) after checking they fit E4M3's +-448), got {_describe(scales)}"
+            f".to(torch.float8_e4m3fn) after checking they fit E4M3's +-{E4M3_MAX:g}), got {_describe(scales)}"
         )
     if packed.dim() != 2:
         raise ValueError(f"packed must be 2-D [N, K/2], got shape {tuple(packed.shape)}")
