@@ -369,6 +369,87 @@ class KernelShape(NamedTuple):
         return self.stages * per_stage + (16 if self.split_k > 1 else 0)
 
 
+class WarpTile(NamedTuple):
+    """The warp-level pieces every kernel of this family shares, for one :class:`KernelShape`.
+
+    ``mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n)`` (a macro)
+    accumulates one k tile: ``x_at(row, col)``, ``code_at(nb, kb, word)`` and ``scale_at(nb, kb, word)``
+    return the shared-memory elements of the tile's x, code and scale buffers (so the caller picks the
+    pipeline stage). ``store_output(acc, y, alpha_x128, row0, col0, m)`` (a macro) scales the
+    accumulators by ``alpha * 2^7`` and writes the rows below ``m``. Accumulator ``q`` of a thread sits
+    at row ``row0 + acc_row(q)``, column ``col0 + acc_col(q)``, with ``(row0, col0) = origin(...)``.
+    """
+
+    acc_size: int
+    acc_row: object
+    acc_col: object
+    origin: object
+    mma_k_tile: object
+    store_output: object
+
+
+def warp_tile(shape: KernelShape) -> WarpTile:
+    import tilelang.language as T
+
+    mt, nbw = shape.m16_tiles_per_warp, shape.n32_blocks_per_warp
+    warp_rows = shape.block_m // shape.warps_m
+    acc_size = mt * nbw * 4 * 4  # m16 tiles x n32 blocks x four n8 tiles x four floats
+
+    def acc_index(mi, i, j, c):  # accumulator c of n8 tile j in fragment block i of row tile mi
+        return ((mi * nbw + i) * 4 + j) * 4 + c
+
+    # Accumulator c of (mi, i, j) holds row g + 8 (c // 2) of row tile mi and column 2t + c % 2 of
+    # n8 tile j of fragment block i (g = lane // 4, t = lane % 4: the m16n8 C-fragment layout).
+    def acc_row(q):
+        return q // (nbw * 16) * 16 + q % 4 // 2 * 8
+
+    def acc_col(q):
+        return q // 16 % nbw * FRAG_N + q // 4 % 4 * 8 + q % 2
+
+    def origin(tile_m, tile_n, lane, warp_m, warp_n):
+        row0 = tile_m * shape.block_m + warp_m * warp_rows + lane // 4
+        col0 = tile_n * shape.block_n + warp_n * nbw * FRAG_N + lane % 4 * 2
+        return row0, col0
+
+    @T.macro
+    def mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n):
+        for kb in T.unroll(shape.block_k // FRAG_K):
+            # A fragments of both k16 steps for every row tile (ldmatrix.x4: lane l points at
+            # row l % 16, column 8 * (l // 16) of a 16x16 tile).
+            for s, mi in T.grid(2, mt):
+                T.ptx_ldmatrix(
+                    False,
+                    4,
+                    T.access_ptr(x_at(warp_m * warp_rows + mi * 16 + lane % 16, kb * FRAG_K + s * 16 + lane // 16 * 8), "r", extent=8),
+                    T.access_ptr(a_frag[(s * mt + mi) * 8], "w", extent=8),
+                )
+            for i in T.unroll(nbw):
+                T.call_extern(
+                    "handle",
+                    "nvfp4_dequant_block",
+                    T.address_of(code_at(warp_n * nbw + i, kb, lane * 4)),
+                    T.address_of(scale_at(warp_n * nbw + i, kb, lane // 4 * 2)),
+                    T.address_of(b_frag[0]),
+                )
+                # The B register pair of (n8 tile j, k16 step s) sits at bf16 offset 8j + 4s.
+                for s, j, mi in T.grid(2, 4, mt):
+                    T.ptx_mma(
+                        T.float32, "m16n8k16", "row", "col", "bf16", "bf16", "fp32",
+                        a_frag.data, (s * mt + mi) * 8,
+                        b_frag.data, j * 8 + s * 4,
+                        acc.data, acc_index(mi, i, j, 0),
+                        False,
+                    )  # fmt: skip
+
+    @T.macro
+    def store_output(acc, y, alpha_x128, row0, col0, m):
+        for q in T.unroll(acc_size):
+            if row0 + acc_row(q) < m:
+                y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+
+    return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
+
+
 def build_kernel(n: int, k: int, shape: KernelShape):
     """The TileLang kernel for an ``N x K`` weight.
 
@@ -381,22 +462,9 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     import tilelang.language as T
     from tilelang.layout import make_swizzled_layout
 
-    bm_, bn_, bk_ = shape.block_m, shape.block_n, shape.block_k
-    warps_n, split_k = shape.warps_n, shape.split_k
-    mt, nbw = shape.m16_tiles_per_warp, shape.n32_blocks_per_warp
-    warp_rows = bm_ // shape.warps_m
+    bm_, bn_, bk_, split_k = shape.block_m, shape.block_n, shape.block_k, shape.split_k
     k_tiles = k // split_k // bk_
-    acc_size = mt * nbw * 4 * 4  # m16 tiles x n32 blocks x four n8 tiles x four floats
-
-    def acc_index(mi, i, j, c):  # accumulator c of n8 tile j in fragment block i of row tile mi
-        return ((mi * nbw + i) * 4 + j) * 4 + c
-
-    def acc_row(q):  # row of accumulator q within the warp tile, less the lane's group g
-        return q // (nbw * 16) * 16 + q % 4 // 2 * 8
-
-    def acc_col(q):  # column of accumulator q within the warp tile, less the lane's 2t
-        return q // 16 % nbw * FRAG_N + q // 4 % 4 * 8 + q % 2
-
+    wt = warp_tile(shape)
     M = T.dynamic("m")
     P = T.dynamic("partials_len")
     NT = T.dynamic("tickets_len")
@@ -415,69 +483,39 @@ def build_kernel(n: int, k: int, shape: KernelShape):
             x_tile = T.alloc_shared((bm_, bk_), T.bfloat16)
             code_tile = T.alloc_shared((bn_ // FRAG_N, bk_ // FRAG_K, WORDS_PER_BLOCK), T.int32)
             scale_tile = T.alloc_shared((bn_ // FRAG_N, bk_ // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32)
-            a_frag = T.alloc_local((2 * mt * 8,), T.bfloat16)
+            a_frag = T.alloc_local((2 * shape.m16_tiles_per_warp * 8,), T.bfloat16)
             b_frag = T.alloc_local((32,), T.bfloat16)
-            acc = T.alloc_local((acc_size,), T.float32)
+            acc = T.alloc_local((wt.acc_size,), T.float32)
             T.import_source(DEQUANT_SOURCE)
             T.annotate_layout({x_tile: make_swizzled_layout(x_tile)})
             tx = T.get_thread_binding()
             lane = tx % 32
-            warp_m = tx // 32 // warps_n
-            warp_n = tx // 32 % warps_n
-            for i in T.unroll(acc_size):
-                acc[i] = 0.0
+            warp_m = tx // 32 // shape.warps_n
+            warp_n = tx // 32 % shape.warps_n
+            for q in T.unroll(wt.acc_size):
+                acc[q] = 0.0
             for ko in T.Pipelined(k_tiles, num_stages=shape.stages):
                 k0 = (bk * k_tiles + ko) * bk_
+                # Plain cp.async (no TMA) on every arch: one loader for sm_90 and sm_120.
                 T.copy(x[bm * bm_, k0], x_tile, disable_tma=True)
                 T.copy(codes[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], code_tile, disable_tma=True)
                 T.copy(scales[bn * (bn_ // FRAG_N), k0 // FRAG_K, 0], scale_tile, disable_tma=True)
-                for kb in T.unroll(bk_ // FRAG_K):
-                    # A fragments of both k16 steps for every row tile (ldmatrix.x4: lane l
-                    # points at row l % 16, column 8 * (l // 16) of a 16x16 tile).
-                    for s, mi in T.grid(2, mt):
-                        T.ptx_ldmatrix(
-                            False,
-                            4,
-                            T.access_ptr(
-                                x_tile[warp_m * warp_rows + mi * 16 + lane % 16, kb * FRAG_K + s * 16 + lane // 16 * 8],
-                                "r",
-                                extent=8,
-                            ),
-                            T.access_ptr(a_frag[(s * mt + mi) * 8], "w", extent=8),
-                        )
-                    for i in T.unroll(nbw):
-                        T.call_extern(
-                            "handle",
-                            "nvfp4_dequant_block",
-                            T.address_of(code_tile[warp_n * nbw + i, kb, lane * 4]),
-                            T.address_of(scale_tile[warp_n * nbw + i, kb, lane // 4 * 2]),
-                            T.address_of(b_frag[0]),
-                        )
-                        # B register pair of (n8 tile j, k16 step s) sits at bf16 offset 8j + 4s.
-                        for s, j, mi in T.grid(2, 4, mt):
-                            T.ptx_mma(
-                                T.float32, "m16n8k16", "row", "col", "bf16", "bf16", "fp32",
-                                a_frag.data, (s * mt + mi) * 8,
-                                b_frag.data, j * 8 + s * 4,
-                                acc.data, acc_index(mi, i, j, 0),
-                                False,
-                            )  # fmt: skip
-
-            # Accumulator q = acc_index(mi, i, j, c) holds row g + 8 (c // 2) of row tile mi and
-            # column 2t + c % 2 of n8 tile j of fragment block i.
-            row0 = bm * bm_ + warp_m * warp_rows + lane // 4
-            col0 = bn * bn_ + warp_n * nbw * FRAG_N + lane % 4 * 2
+                wt.mma_k_tile(
+                    lambda r, c: x_tile[r, c],
+                    lambda nb, kb, w: code_tile[nb, kb, w],
+                    lambda nb, kb, w: scale_tile[nb, kb, w],
+                    a_frag, b_frag, acc, lane, warp_m, warp_n,
+                )  # fmt: skip
+            row0, col0 = wt.origin(bm, bn, lane, warp_m, warp_n)
             if split_k == 1:
-                for q in T.unroll(acc_size):
-                    if row0 + acc_row(q) < M:
-                        y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+                wt.store_output(acc, y, alpha_x128, row0, col0, M)
             else:
                 # Partials [split_k, M, N]: only real rows travel (at M = 1, 1/16 of a padded tile).
                 ticket = T.alloc_shared((1,), T.int32)
                 tile = bm * (n // bn_) + bn
-                for q in T.unroll(acc_size):
-                    if row0 + acc_row(q) < M:
-                        partials[(bk * M + row0 + acc_row(q)) * n + col0 + acc_col(q)] = acc[q]
+                for q in T.unroll(wt.acc_size):
+                    if row0 + wt.acc_row(q) < M:
+                        partials[(bk * M + row0 + wt.acc_row(q)) * n + col0 + wt.acc_col(q)] = acc[q]
                 T.evaluate(T.call_extern("handle", "__threadfence"))
                 T.sync_threads()
                 if tx == 0:
@@ -487,13 +525,13 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                     # The last CTA of this tile sums every split's partials in split order
                     # (its own included, read back), so the result does not depend on arrival order.
                     T.evaluate(T.call_extern("handle", "__threadfence"))
-                    for q in T.unroll(acc_size):
-                        if row0 + acc_row(q) < M:
-                            acc[q] = 0.0
+                    for q in T.unroll(wt.acc_size):
+                        acc[q] = 0.0
+                        if row0 + wt.acc_row(q) < M:
                             for sk in T.serial(split_k):
-                                at = (sk * M + row0 + acc_row(q)) * n + col0 + acc_col(q)
+                                at = (sk * M + row0 + wt.acc_row(q)) * n + col0 + wt.acc_col(q)
                                 acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
-                            y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+                    wt.store_output(acc, y, alpha_x128, row0, col0, M)
                     if tx == 0:
                         tickets[tile] = 0
 
