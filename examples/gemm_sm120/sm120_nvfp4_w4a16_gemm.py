@@ -580,10 +580,11 @@ MAX_SPLIT_K = 16
 DEFAULT_STAGES = 4  # cp.async stages: enough bytes in flight to stream weights at full bandwidth
 
 
-def check_config(config: Config, n: int, k: int) -> None:
+def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileConfig)) -> None:
     """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120."""
-    if not isinstance(config, (FragConfig, TileConfig)):
-        raise TypeError(f"config must be a FragConfig or TileConfig, got {type(config).__name__}")
+    if not isinstance(config, config_types):
+        names = " or ".join(t.__name__ for t in config_types)
+        raise TypeError(f"config must be a {names}, got {type(config).__name__}")
     s = config.kernel_shape()
     problems = []
     if any(not isinstance(v, int) or v < 1 for v in config):
@@ -712,10 +713,33 @@ def _ensure_workspace(device: torch.device, tickets: int) -> _Workspace:
 _SM_COUNTS: dict[int, int] = {}
 
 
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.index not in _SM_COUNTS:
         _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return _SM_COUNTS[device.index]
+
+
+def launch(x: torch.Tensor, w: NVFP4W4A16Weight, config: Config, out: torch.Tensor) -> None:
+    """One launch of the fragment or tile kernel on checked inputs (at most 1024 rows)."""
+    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
+    shape = config.kernel_shape()
+    partials = ws.no_partials
+    if shape.split_k > 1:
+        if shape.split_k * x.shape[0] * w.n >= 2**31:
+            raise ValueError(f"config: split_k={shape.split_k} partials of {x.shape[0]}x{w.n} exceed 32-bit offsets")
+        partials = torch.empty(shape.split_k * x.shape[0] * w.n, dtype=torch.float32, device=x.device)
+    _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets)
+
+
+def run_linear(x, w, config, out, pick_config, launchers: dict) -> torch.Tensor:
+    """The host side every dispatch shares: the input checks, 1024-row chunks, and per chunk
+    ``launchers[type(config)](x, w, config, out)`` with ``config`` or ``pick_config(rows, w)``."""
+    x, out = check_linear_inputs(x, w, config, out, tuple(launchers))
+    for start in range(0, x.shape[0], MAX_M_PER_LAUNCH):
+        rows = min(MAX_M_PER_LAUNCH, x.shape[0] - start)
+        chunk_config = config if config is not None else pick_config(rows, w)
+        launchers[type(chunk_config)](x[start : start + rows], w, chunk_config, out[start : start + rows])
+    return out
 
 
 def nvfp4_w4a16_linear(
@@ -725,23 +749,13 @@ def nvfp4_w4a16_linear(
 
     ``config`` overrides the heuristic for every chunk; ``out`` (BF16 ``[M, N]``, contiguous,
     16-byte aligned, on x's device) receives the result. M > 1024 runs in 1024-row chunks.
-    Deterministic, and capturable in a CUDA graph once each kernel has run once.
+    Deterministic, and capturable in a CUDA graph.
     """
-    x, out = _check_linear_inputs(x, w, config, out)
-    m = x.shape[0]
-    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
-    for start in range(0, m, MAX_M_PER_LAUNCH):
-        rows = min(MAX_M_PER_LAUNCH, m - start)
-        chunk_config = config if config is not None else get_config(rows, w.n, w.k, sm_count=_sm_count(w.device))
-        shape = chunk_config.kernel_shape()
-        partials = ws.no_partials
-        if shape.split_k > 1:
-            if shape.split_k * rows * w.n >= 2**31:
-                raise ValueError(f"config: split_k={shape.split_k} partials of {rows}x{w.n} exceed 32-bit offsets")
-            partials = torch.empty(shape.split_k * rows * w.n, dtype=torch.float32, device=x.device)
-        kernel = _kernel_for(w.n, w.k, chunk_config, w.device)
-        kernel(x[start : start + rows], w.codes, w.scales, w.alpha_x128, out[start : start + rows], partials, ws.tickets)
-    return out
+    return run_linear(x, w, config, out, _heuristic_config, {FragConfig: launch, TileConfig: launch})
+
+
+def _heuristic_config(rows: int, w: NVFP4W4A16Weight) -> Config:
+    return get_config(rows, w.n, w.k, sm_count=sm_count(w.device))
 
 
 # All host checks live here: a clear TypeError / ValueError naming the argument, nothing corrupted.
@@ -783,7 +797,7 @@ def _check_prepare_inputs(packed, scales, alpha) -> tuple[int, int, torch.Tensor
     return n, k, alpha
 
 
-def _check_linear_inputs(x, w, config, out) -> tuple[torch.Tensor, torch.Tensor]:
+def check_linear_inputs(x, w, config, out, config_types=(FragConfig, TileConfig)) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(w, NVFP4W4A16Weight):
         raise TypeError(f"w must be an NVFP4W4A16Weight from prepare_nvfp4_weight, got {type(w).__name__}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
@@ -801,7 +815,7 @@ def _check_linear_inputs(x, w, config, out) -> tuple[torch.Tensor, torch.Tensor]
         if not out.is_contiguous() or out.data_ptr() % 16:
             raise ValueError("out must be contiguous and 16-byte aligned")
     if config is not None:
-        check_config(config, w.n, w.k)
+        check_config(config, w.n, w.k, config_types)
     if x.device != w.device or x.device.type != "cuda":
         raise ValueError(f"x must be on the weight's CUDA device, {w.device}; got {x.device}")
     if out is not None and out.device != x.device:
@@ -975,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, k in shapes:
             for m in args.m:
                 r = verify(m, n, k)
-                config = get_config(min(m, MAX_M_PER_LAUNCH), n, k, sm_count=_sm_count(torch.device("cuda", torch.cuda.current_device())))
+                config = get_config(min(m, MAX_M_PER_LAUNCH), n, k, sm_count=sm_count(torch.device("cuda", torch.cuda.current_device())))
                 print(f"{m:5d} {n:6d} {k:6d}  {str(config):<70} {r['rel_frobenius']:9.2e} {r['worst_row']:9.2e}  {'ok' if r['ok'] else 'FAIL ' + str(r)}")
                 failed |= not r["ok"]
     if args.bench:
