@@ -1,0 +1,351 @@
+"""Persistent stream-K NVFP4 W4A16 GEMM and the tuned dispatch, on top of the example module.
+
+The example's kernels give each CTA a whole output tile (or a fixed 1/split_k of its K range).
+When the tiles do not divide evenly over the SMs, the last wave leaves SMs idle. The stream-K kernel
+launches ``G = SMs * ctas_per_sm`` persistent CTAs and gives each a contiguous, equal range of the
+flattened (tile, k tile) iteration space, so every SM streams the same number of weight bytes.
+A tile cut between CTAs is reduced deterministically: each piece goes to an FP32 partial slot, and
+the last piece to arrive (an atomic ticket) sums the slots in CTA order and resets the ticket.
+
+Everything else is the example's: the prepared layout, the register dequant, the warp-level MMA
+(``WarpTile``), the input checks and the chunking. This module adds:
+
+1. ``StreamKConfig`` and the stream-K kernel (a hand-written cp.async stage loader: ``T.Pipelined``
+   cannot express a loop whose k range is known only at run time);
+2. the stream-K heuristic, which falls back to the example's heuristic when the ranges are short;
+3. tuned tables keyed by the GPU (compute capability and SM count), stored as JSON beside this file;
+4. ``nvfp4_w4a16_linear``: the example's signature, consulting the tuned table first.
+"""
+
+import functools
+import json
+import math
+import pathlib
+import sys
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE.parents[2] / "examples" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
+from sm120_nvfp4_w4a16_gemm import (  # noqa: E402,F401  (re-exported: one import gives the whole surface)
+    FragConfig,
+    NVFP4W4A16Weight,
+    TileConfig,
+    prepare_nvfp4_weight,
+)
+
+# ----------------------------------------------------------------------------------------------
+# 1. The stream-K kernel
+# ----------------------------------------------------------------------------------------------
+
+
+class StreamKConfig(NamedTuple):
+    """Persistent stream-K: ``ctas_per_sm`` CTAs per SM, each with a ``block_m x block_n`` tile
+    shape over a ``warps_m x warps_n`` warp grid, streaming ``stages`` cp.async stages of ``block_k``."""
+
+    block_m: int = 16
+    block_n: int = 128
+    block_k: int = 128
+    warps_m: int = 1
+    warps_n: int = 4
+    stages: int = 4
+    ctas_per_sm: int = 1
+
+    def kernel_shape(self) -> example.KernelShape:
+        return example.KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, 1)
+
+
+AnyConfig = Union[FragConfig, TileConfig, StreamKConfig]
+CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig)
+COPIES_PER_STAGE = 3  # x, codes, scales: T.async_copy commits one group each
+PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
+MAX_CTAS_PER_SM = 4
+
+
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+def check_streamk_config(config: StreamKConfig, n: int, k: int, smem_per_sm: int = example.SM120_SMEM_PER_SM) -> None:
+    """The example's shape and shared-memory checks, plus the stream-K fields: ``ctas_per_sm``
+    CTAs must fit one SM together (``smem_per_sm``: sm_120's 100 KB unless an sm_90 table says so)."""
+    example.check_config(config, n, k, CONFIG_TYPES)
+    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM:
+        raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM}")
+    if config.ctas_per_sm * config.kernel_shape().shared_bytes() > smem_per_sm:
+        raise ValueError(f"config {config}: {config.ctas_per_sm} CTAs need more than {smem_per_sm} bytes of shared memory per SM")
+
+
+def streamk_range(g, iterations, grid):
+    """CTA ``g``'s iterations ``[begin, end)``: equal shares of the flattened (tile, k tile) space.
+    Works on ints and on TileLang expressions alike (the kernel and the tests use the same code)."""
+    return g * iterations // grid, (g + 1) * iterations // grid
+
+
+def streamk_grid(sm_count: int, ctas_per_sm: int, iterations: int) -> int:
+    """``SMs * ctas_per_sm`` CTAs, but never more than iterations: every range is then non-empty,
+    so the CTAs holding pieces of one tile are consecutive and the reducer can count them."""
+    return max(1, min(sm_count * ctas_per_sm, iterations))
+
+
+def streamk_cta_of(i, iterations, grid):
+    """The CTA whose range holds iteration ``i``: the g with g I / G <= i < (g + 1) I / G."""
+    return ((i + 1) * grid - 1) // iterations
+
+
+def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_positive_grid: bool = True):
+    """The stream-K kernel for an ``N x K`` weight; the grid size ``G`` is a run-time scalar.
+
+    Iteration ``i`` of the flattened space is k tile ``i % KT`` of tile ``i // KT``; tile ``t`` is row
+    block ``t % tiles_m`` of column block ``t // tiles_m`` (neighbouring tiles share weights, which
+    then come from L2). CTA ``g`` runs iterations ``[g I / G, (g + 1) I / G)``.
+    ``assume_positive_grid`` adds ``T.assume(G > 0)``; without it every floor division by ``G``
+    carries sign fix-ups (kept switchable so the difference can be measured).
+    """
+    import tilelang.language as T
+
+    bm_, bn_, bk_, stages = shape.block_m, shape.block_n, shape.block_k, shape.stages
+    threads = shape.threads
+    k_tiles = k // bk_
+    tiles_n = n // bn_
+    wt = example.warp_tile(shape)
+    @T.macro
+    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m):
+        """cp.async of iteration ``it``'s x, code and scale tiles into ``stage``."""
+        tile, kt = it // k_tiles, it % k_tiles
+        tile_m, tile_n = tile % tiles_m, tile // tiles_m
+        nb, kb = tile_n * (bn_ // example.FRAG_N), kt * (bk_ // example.FRAG_K)
+        T.async_copy(x[tile_m * bm_ : (tile_m + 1) * bm_, kt * bk_ : (kt + 1) * bk_], x_tiles[stage, :, :])
+        T.async_copy(codes[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], code_tiles[stage, :, :, :])
+        T.async_copy(scales[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], scale_tiles[stage, :, :, :])
+
+    M = T.dynamic("m")
+    P = T.dynamic("partials_len")
+    NT = T.dynamic("tickets_len")
+
+    @T.prim_func
+    def nvfp4_w4a16_streamk(
+        x: T.Tensor((M, k), T.bfloat16),
+        codes: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.WORDS_PER_BLOCK), T.int32),
+        scales: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.SCALE_WORDS_PER_BLOCK), T.int32),
+        alpha_x128: T.Tensor((n,), T.float32),
+        y: T.Tensor((M, n), T.bfloat16),
+        partials: T.Tensor((P,), T.float32),
+        tickets: T.Tensor((NT,), T.int32),
+        grid: T.int32,
+    ):
+        with T.Kernel(grid, threads=threads) as g:
+            x_tiles = T.alloc_shared((stages, bm_, bk_), T.bfloat16)
+            code_tiles = T.alloc_shared((stages, bn_ // example.FRAG_N, bk_ // example.FRAG_K, example.WORDS_PER_BLOCK), T.int32)
+            scale_tiles = T.alloc_shared((stages, bn_ // example.FRAG_N, bk_ // example.FRAG_K, example.SCALE_WORDS_PER_BLOCK), T.int32)
+            a_frag = T.alloc_local((2 * shape.m16_tiles_per_warp * 8,), T.bfloat16)
+            b_frag = T.alloc_local((32,), T.bfloat16)
+            acc = T.alloc_local((wt.acc_size,), T.float32)
+            ticket = T.alloc_shared((1,), T.int32)
+            T.import_source(example.DEQUANT_SOURCE)
+            if assume_positive_grid:
+                T.assume(grid > 0)
+                T.assume(M > 0)
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp_m = tx // 32 // shape.warps_n
+            warp_n = tx // 32 % shape.warps_n
+            tiles_m = T.ceildiv(M, bm_)
+            iterations = tiles_m * tiles_n * k_tiles
+            begin, end = streamk_range(g, iterations, grid)
+
+            for q in T.unroll(wt.acc_size):
+                acc[q] = 0.0
+            # Prologue: the first stages - 1 iterations in flight. Each stage is three commit
+            # groups (one per async_copy); a missing stage commits empty groups so counts match.
+            for s in T.unroll(stages - 1):
+                if begin + s < end:
+                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, begin + s, s, tiles_m)
+                else:
+                    for _ in T.unroll(COPIES_PER_STAGE):
+                        T.ptx_commit_group()
+            for it in T.serial(begin, end):
+                stage = (it - begin) % stages
+                T.ptx_wait_group(COPIES_PER_STAGE * (stages - 2))
+                # The one barrier per k tile: stage `it` is visible to every thread, and every
+                # thread is done with the stage the next load overwrites (iteration it - 1's).
+                T.sync_threads()
+                if it + stages - 1 < end:
+                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it + stages - 1, (it - begin + stages - 1) % stages, tiles_m)
+                else:
+                    for _ in T.unroll(COPIES_PER_STAGE):
+                        T.ptx_commit_group()
+                wt.mma_k_tile(
+                    lambda r, c: x_tiles[stage, r, c],
+                    lambda nb, kb, w: code_tiles[stage, nb, kb, w],
+                    lambda nb, kb, w: scale_tiles[stage, nb, kb, w],
+                    a_frag, b_frag, acc, lane, warp_m, warp_n,
+                )  # fmt: skip
+                tile = it // k_tiles
+                if it % k_tiles == k_tiles - 1 or it == end - 1:  # this CTA's piece of `tile` ends
+                    tile_begin = tile * k_tiles
+                    row0, col0 = wt.origin(tile % tiles_m, tile // tiles_m, lane, warp_m, warp_n)
+                    if begin <= tile_begin and it == tile_begin + k_tiles - 1:
+                        wt.store_output(acc, y, alpha_x128, row0, col0, M)  # the whole tile: no partials
+                    else:
+                        # Slot 0 holds the piece of a CTA's first tile, slot 1 that of its last.
+                        slot = T.if_then_else(begin >= tile_begin, 0, 1)
+                        for q in T.unroll(wt.acc_size):
+                            partials[((g * PARTIAL_SLOTS_PER_CTA + slot) * wt.acc_size + q) * threads + tx] = acc[q]
+                        T.evaluate(T.call_extern("handle", "__threadfence"))
+                        T.sync_threads()
+                        # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
+                        first_cta = streamk_cta_of(tile_begin, iterations, grid)
+                        last_cta = streamk_cta_of(tile_begin + k_tiles - 1, iterations, grid)
+                        if tx == 0:
+                            ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
+                        T.sync_threads()
+                        if ticket[0] == last_cta - first_cta:
+                            T.evaluate(T.call_extern("handle", "__threadfence"))
+                            for q in T.unroll(wt.acc_size):
+                                acc[q] = 0.0
+                            for c in T.serial(first_cta, last_cta + 1):  # fixed order: CTA order
+                                c_slot = T.if_then_else(streamk_range(c, iterations, grid)[0] >= tile_begin, 0, 1)
+                                for q in T.unroll(wt.acc_size):
+                                    at = ((c * PARTIAL_SLOTS_PER_CTA + c_slot) * wt.acc_size + q) * threads + tx
+                                    acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+                            wt.store_output(acc, y, alpha_x128, row0, col0, M)
+                            if tx == 0:
+                                tickets[tile] = 0
+                    for q in T.unroll(wt.acc_size):
+                        acc[q] = 0.0
+            T.ptx_wait_group(0)
+
+    return nvfp4_w4a16_streamk
+
+
+def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_positive_grid: bool = True):
+    """Lower and compile the stream-K kernel for ``arch``; needs nvcc, not a GPU."""
+    import tilelang
+
+    check_streamk_config(config, n, k)
+    func = build_streamk_kernel(n, k, config.kernel_shape(), assume_positive_grid)
+    return tilelang.compile(func, target={"kind": "cuda", "arch": arch}, pass_configs=STREAMK_PASS_CONFIGS)
+
+
+# The kernel places every barrier itself (one per k tile, two around the ticket): TileLang's automatic
+# barriers would add a second one per k tile between the cp.async issue and the MMA.
+STREAMK_PASS_CONFIGS = {**example.PASS_CONFIGS, "tl.disable_thread_storage_sync": True}
+
+
+_STREAMK_KERNELS: dict = {}
+
+
+def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, out: torch.Tensor) -> None:
+    """One launch of the stream-K kernel on checked inputs (at most 1024 rows)."""
+    check_streamk_config(config, w.n, w.k)
+    shape = config.kernel_shape()
+    iterations = math.ceil(x.shape[0] / shape.block_m) * (w.n // shape.block_n) * (w.k // shape.block_k)
+    grid = streamk_grid(example.sm_count(w.device), config.ctas_per_sm, iterations)
+    if (iterations + 1) * (grid + 1) >= 2**31:
+        raise ValueError(f"config {config}: {iterations} iterations x {grid} CTAs exceed 32-bit offsets")
+    key = (w.n, w.k, shape, w.device.index)
+    kernel = _STREAMK_KERNELS.get(key)
+    if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
+        major, minor = torch.cuda.get_device_capability(w.device)
+        kernel = _STREAMK_KERNELS[key] = compile_streamk(w.n, w.k, config, f"sm_{major}{minor}")
+    ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
+    partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * shape.block_m * shape.block_n, dtype=torch.float32, device=x.device)
+    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The stream-K heuristic
+# ----------------------------------------------------------------------------------------------
+
+MIN_STREAMK_ITERATIONS_PER_CTA = 8  # shorter ranges spend more on the partial fix-up than they win
+
+
+def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyConfig:
+    """The example's tile shape for this M, run as stream-K over one CTA per SM, unless the
+    per-CTA ranges would be short; then the example's own choice."""
+    base = example.get_config(m, n, k, sm_count=sm_count)
+    shape = base.kernel_shape()
+    config = StreamKConfig(shape.block_m, shape.block_n, shape.block_k, shape.warps_m, shape.warps_n, example.DEFAULT_STAGES, 1)
+    if isinstance(base, FragConfig) and shape.block_m == example.FRAG_MAX_BLOCK_M:
+        config = config._replace(stages=base.stages)
+    iterations = math.ceil(min(m, example.MAX_M_PER_LAUNCH) / shape.block_m) * (n // shape.block_n) * (k // shape.block_k)
+    if iterations < MIN_STREAMK_ITERATIONS_PER_CTA * sm_count:
+        return base
+    return config
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Tuned tables
+# ----------------------------------------------------------------------------------------------
+#
+# One JSON file per GPU key (compute capability and SM count: 132 SMs is both an H100 SXM and an
+# H200, so a table never applies to another key). Each entry maps (N, K, M range) to a config:
+#   {"key": "sm_90-132sm", "entries": [{"n": 16384, "k": 5120, "m_min": 1, "m_max": 16,
+#                                       "kind": "StreamKConfig", "config": {...fields...}}, ...]}
+
+TABLE_DIR = _HERE / "tuned"
+_CONFIG_KINDS = {t.__name__: t for t in CONFIG_TYPES}
+
+
+def gpu_key(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}-{example.sm_count(device)}sm"
+
+
+def table_path(key: str) -> pathlib.Path:
+    return TABLE_DIR / f"{key}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(key: str) -> dict:
+    """``{(n, k): [(m_min, m_max, config), ...]}`` for a GPU key; empty when there is no table."""
+    path = table_path(key)
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("key") != key:
+        raise ValueError(f"{path} holds the table for {data.get('key')!r}, not {key!r}")
+    table: dict = {}
+    for e in data["entries"]:
+        table.setdefault((e["n"], e["k"]), []).append((e["m_min"], e["m_max"], config_from_json(e)))
+    return table
+
+
+def config_from_json(entry: dict) -> AnyConfig:
+    return _CONFIG_KINDS[entry["kind"]](**entry["config"])
+
+
+def config_to_json(config: AnyConfig) -> dict:
+    return {"kind": type(config).__name__, "config": config._asdict()}
+
+
+def tuned_config(m: int, n: int, k: int, key: str) -> Optional[AnyConfig]:
+    for m_min, m_max, config in load_table(key).get((n, k), ()):
+        if m_min <= m <= m_max:
+            return config
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The public function
+# ----------------------------------------------------------------------------------------------
+
+LAUNCHERS = {FragConfig: example.launch, TileConfig: example.launch, StreamKConfig: launch_streamk}
+
+
+def pick_config(rows: int, w: NVFP4W4A16Weight) -> AnyConfig:
+    """The tuned table of this GPU first, then the stream-K heuristic."""
+    config = tuned_config(rows, w.n, w.k, gpu_key(w.device))
+    if config is None:
+        config = get_streamk_config(rows, w.n, w.k, sm_count=example.sm_count(w.device))
+    return config
+
+
+def nvfp4_w4a16_linear(
+    x: torch.Tensor, w: NVFP4W4A16Weight, config: Optional[AnyConfig] = None, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """The example's ``nvfp4_w4a16_linear`` with the tuned dispatch and the stream-K kernel."""
+    return example.run_linear(x, w, config, out, pick_config, LAUNCHERS)

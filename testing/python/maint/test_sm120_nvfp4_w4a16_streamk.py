@@ -1,0 +1,245 @@
+"""Tests for maint/gemm/gemm_sm120/sm120_nvfp4_w4a16_streamk.py: the stream-K schedule, the
+tuned-table dispatch, configs, compiling for sm_90 and sm_120, and (on a GPU) results against the
+FP32 reference with the bounds of DESIGN.md section 8."""
+
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
+
+nv = sk.example
+HAS_GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (sm_90 or newer)")
+
+
+# ---------------------------------------------------------------- CPU: the schedule
+
+
+@pytest.mark.parametrize("tiles, k_tiles, ctas", [(1, 40, 132), (40, 48, 132), (128, 40, 132), (7, 3, 5), (300, 80, 264), (5, 2, 17)])
+def test_streamk_schedule_covers_every_iteration_once(tiles, k_tiles, ctas):
+    iterations = tiles * k_tiles
+    grid = sk.streamk_grid(ctas, 1, iterations)
+    owner = {}
+    pieces = {}  # (cta, slot) -> tile
+    for g in range(grid):
+        begin, end = sk.streamk_range(g, iterations, grid)
+        for i in range(begin, end):
+            assert i not in owner
+            owner[i] = g
+        for tile in {i // k_tiles for i in range(begin, end)}:
+            tile_begin = tile * k_tiles
+            whole = begin <= tile_begin and end >= tile_begin + k_tiles
+            if not whole:  # a piece goes to a partial slot, as the kernel does it
+                slot = 0 if begin >= tile_begin else 1
+                assert (g, slot) not in pieces, "two pieces in one slot"
+                pieces[(g, slot)] = tile
+    assert sorted(owner) == list(range(iterations))
+    for i, g in owner.items():
+        assert sk.streamk_cta_of(i, iterations, grid) == g
+    for tile in range(tiles):
+        first = sk.streamk_cta_of(tile * k_tiles, iterations, grid)
+        last = sk.streamk_cta_of(tile * k_tiles + k_tiles - 1, iterations, grid)
+        holders = sorted({owner[i] for i in range(tile * k_tiles, (tile + 1) * k_tiles)})
+        assert holders == list(range(first, last + 1))
+        if first != last:  # the reducer's slot formula finds every piece of the tile
+            for c in holders:
+                slot = 0 if sk.streamk_range(c, iterations, grid)[0] >= tile * k_tiles else 1
+                assert pieces[(c, slot)] == tile
+
+
+# ---------------------------------------------------------------- CPU: configs and tables
+
+CONFIG_SHAPES = [
+    (16384, 5120), (14336, 5120), (5120, 6144), (34816, 5120), (5120, 17408),
+    (4096, 4096), (640, 2304), (128, 256), (11008, 4096), (4096, 11008),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("n, k", CONFIG_SHAPES)
+def test_every_streamk_heuristic_config_fits(n, k):
+    for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 7):
+        config = sk.get_streamk_config(m, n, k, sm_count=132)
+        if isinstance(config, sk.StreamKConfig):
+            sk.check_streamk_config(config, n, k)
+        else:
+            nv.check_config(config, n, k)
+        assert config.kernel_shape().shared_bytes() <= nv.SM120_SMEM_PER_CTA
+
+
+def test_streamk_falls_back_when_ranges_are_short():
+    assert isinstance(sk.get_streamk_config(1, 128, 256, sm_count=132), nv.FragConfig)
+    assert isinstance(sk.get_streamk_config(1, 34816, 5120, sm_count=132), sk.StreamKConfig)
+
+
+TABLES = sorted(sk.TABLE_DIR.glob("*.json"))
+TABLE_ENTRIES = [(path.stem, e) for path in TABLES for e in json.loads(path.read_text())["entries"]]
+
+
+@pytest.mark.parametrize("key, entry", TABLE_ENTRIES, ids=[f"{k}-{e['n']}x{e['k']}-{e['m_min']}" for k, e in TABLE_ENTRIES])
+def test_tuned_entries_fit_and_divide(key, entry):
+    config = sk.config_from_json(entry)
+    smem_per_sm = sk.SM90_SMEM_PER_SM if key.startswith("sm_90") else nv.SM120_SMEM_PER_SM
+    if isinstance(config, sk.StreamKConfig):
+        sk.check_streamk_config(config, entry["n"], entry["k"], smem_per_sm)
+    else:
+        nv.check_config(config, entry["n"], entry["k"])
+    assert 1 <= entry["m_min"] <= entry["m_max"] <= nv.MAX_M_PER_LAUNCH
+
+
+def test_table_applies_only_to_its_gpu_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(sk, "TABLE_DIR", tmp_path)
+    sk.load_table.cache_clear()
+    entry = {"n": 4096, "k": 4096, "m_min": 1, "m_max": 16, **sk.config_to_json(sk.StreamKConfig(ctas_per_sm=2))}
+    (tmp_path / "sm_90-132sm.json").write_text(json.dumps({"key": "sm_90-132sm", "entries": [entry]}))
+    (tmp_path / "sm_90-114sm.json").write_text(json.dumps({"key": "sm_90-132sm", "entries": [entry]}))
+    try:
+        assert sk.tuned_config(8, 4096, 4096, "sm_90-132sm") == sk.StreamKConfig(ctas_per_sm=2)
+        assert sk.tuned_config(17, 4096, 4096, "sm_90-132sm") is None
+        assert sk.tuned_config(8, 4096, 4096, "sm_120-188sm") is None  # no table for that GPU
+        with pytest.raises(ValueError, match="not 'sm_90-114sm'"):
+            sk.tuned_config(8, 4096, 4096, "sm_90-114sm")  # a file under the wrong key is refused
+    finally:
+        sk.load_table.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (sk.StreamKConfig(ctas_per_sm=0), "ctas_per_sm"),
+        (sk.StreamKConfig(ctas_per_sm=2, block_m=64, block_k=128, stages=3), "per SM"),
+        (sk.StreamKConfig(block_n=96), "block_n"),
+    ],
+)
+def test_bad_streamk_configs(config, match):
+    with pytest.raises(ValueError, match=match):
+        sk.check_streamk_config(config, 4096, 4096)
+
+
+def test_linear_rejects_a_foreign_config():
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(128, 256))
+    with pytest.raises(TypeError, match="StreamKConfig"):
+        sk.nvfp4_w4a16_linear(torch.zeros(2, 256, dtype=torch.bfloat16), w, config=(16, 128))
+
+
+# ---------------------------------------------------------------- CPU: compiling
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_streamk_compiles(arch):
+    source = sk.compile_streamk(5120, 6144, sk.StreamKConfig(), arch).get_kernel_source()
+    assert "mul.rn.bf16x2" in source and "cp_async" in source and "AtomicAddRet" in source
+    assert source.count("__syncthreads()") == 3  # one per k tile, two around the ticket
+
+
+def test_assume_positive_grid_removes_sign_fixups():
+    with_assume = sk.compile_streamk(4096, 4096, sk.StreamKConfig(), "sm_90", True).get_kernel_source()
+    without = sk.compile_streamk(4096, 4096, sk.StreamKConfig(), "sm_90", False).get_kernel_source()
+    assert without.count("% grid") > 0 and with_assume.count("% grid") == 0
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def assert_ok(result):
+    assert result["ok"], result
+
+
+STREAMK_CASES = [
+        (1, 4096, 4096, sk.StreamKConfig()),
+        (16, 5120, 6144, sk.StreamKConfig(ctas_per_sm=2)),
+        (33, 640, 2304, sk.StreamKConfig(block_m=48, stages=3)),
+        (64, 4096, 4096, sk.StreamKConfig(block_m=64, block_k=128, stages=3)),
+        (200, 5120, 6144, sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1)),
+        (1024, 4096, 4096, sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1)),
+        (300, 128, 256, sk.StreamKConfig(64, 128, 64, 1, 2, 2, 3)),  # more CTAs than iterations
+        (1100, 4096, 4096, sk.StreamKConfig(128, 128, 64, 2, 2, 4, 1)),
+]
+GRAPH_CONFIGS = {
+    1: sk.StreamKConfig(16, 128, 128, 1, 4, 4, 1),
+    64: sk.StreamKConfig(64, 128, 128, 1, 4, 3, 1),
+    300: sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1),
+}
+DISPATCH_CASES = [(1, 16384, 5120), (48, 5120, 6144), (700, 5120, 17408)]
+
+
+def _compile_in_worker(n, k, config, arch):
+    if isinstance(config, sk.StreamKConfig):
+        sk.compile_streamk(n, k, config, arch)
+    else:
+        nv.compile_kernel(n, k, config, arch)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def precompiled_streamk_kernels():
+    """Compile the GPU tests' kernels in parallel processes first (TileLang's disk cache turns each
+    in-test compile into a load). Correctness does not depend on it."""
+    if not HAS_GPU:
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    major, minor = torch.cuda.get_device_capability()
+    cases = {(n, k, c) for _, n, k, c in STREAMK_CASES} | {(5120, 6144, c) for c in GRAPH_CONFIGS.values()}
+    cases |= {(n, k, sk.get_streamk_config(m, n, k, sm_count=sms)) for m, n, k in DISPATCH_CASES}
+    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in [pool.submit(_compile_in_worker, n, k, c, f"sm_{major}{minor}") for n, k, c in cases]:
+            future.result()
+
+
+@needs_gpu
+@pytest.mark.parametrize("m, n, k, config", STREAMK_CASES)
+def test_streamk_matches_reference(m, n, k, config):
+    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(m))
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to("cuda", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = sk.nvfp4_w4a16_linear(x, w, config, out=out)
+    assert_ok(nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+    assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
+
+
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_streamk_graph_replays_match_eager(m):
+    n, k = 5120, 6144
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    config = GRAPH_CONFIGS[m]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    sk.nvfp4_w4a16_linear(x, w, config)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sk.nvfp4_w4a16_linear(x, w, config)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
+
+
+@needs_gpu
+def test_default_dispatch_matches_reference():
+    for m, n, k in DISPATCH_CASES:
+        packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(m))
+        w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        assert_ok(nv.compare_with_reference(sk.nvfp4_w4a16_linear(x, w), nv.reference_nvfp4_linear(x, packed, scales, alpha)))
+
+
+@needs_gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("key, entry", TABLE_ENTRIES, ids=[f"{k}-{e['n']}x{e['k']}-{e['m_min']}" for k, e in TABLE_ENTRIES])
+def test_tuned_entry_at_range_start_middle_end(key, entry):
+    if key != sk.gpu_key(torch.device("cuda")):
+        pytest.skip(f"table for {key}, this GPU is {sk.gpu_key(torch.device('cuda'))}")
+    config = sk.config_from_json(entry)
+    n, k = entry["n"], entry["k"]
+    for m in sorted({entry["m_min"], (entry["m_min"] + entry["m_max"]) // 2, entry["m_max"]}):
+        assert_ok(nv.verify(m, n, k, config=config, seed=m))
