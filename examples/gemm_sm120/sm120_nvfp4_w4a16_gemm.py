@@ -675,8 +675,7 @@ def _kernel_for(n: int, k: int, config: Config, device: torch.device):
     key = (n, k, config.kernel_shape(), device.index)
     kernel = _KERNELS.get(key)
     if kernel is None:  # compiling and loading inside a CUDA-graph capture is fine (checked on sm_90)
-        major, minor = torch.cuda.get_device_capability(device)
-        kernel = _KERNELS[key] = compile_kernel(n, k, config, f"sm_{major}{minor}")
+        kernel = _KERNELS[key] = compile_kernel(n, k, config, device_arch(device))
     return kernel
 
 
@@ -708,6 +707,11 @@ def _ensure_workspace(device: torch.device, tickets: int) -> _Workspace:
             no_partials=torch.zeros(1, dtype=torch.float32, device=device),
         )
     return ws
+
+
+def device_arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 _SM_COUNTS: dict[int, int] = {}

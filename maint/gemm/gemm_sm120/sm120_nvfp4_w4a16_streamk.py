@@ -60,12 +60,18 @@ class StreamKConfig(NamedTuple):
 
 AnyConfig = Union[FragConfig, TileConfig, StreamKConfig]
 CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig)
-COPIES_PER_STAGE = 3  # x, codes, scales: T.async_copy commits one group each
+COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
+X_CHUNK = 8  # bf16 values per 16-byte cp.async
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
 MAX_CTAS_PER_SM = 4
 
 
 SM90_SMEM_PER_SM = 228 * 1024
+
+
+def smem_per_sm(arch: str) -> int:
+    """Shared memory one SM offers its CTAs: 228 KB on sm_90, 100 KB on sm_120 (and as the default)."""
+    return SM90_SMEM_PER_SM if arch.startswith("sm_90") else example.SM120_SMEM_PER_SM
 
 
 def check_streamk_config(config: StreamKConfig, n: int, k: int, smem_per_sm: int = example.SM120_SMEM_PER_SM) -> None:
@@ -111,13 +117,31 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     k_tiles = k // bk_
     tiles_n = n // bn_
     wt = example.warp_tile(shape)
+    x_chunks = bm_ * bk_ // X_CHUNK  # 16-byte pieces of an x tile
+    chunks_per_row = bk_ // X_CHUNK
+
+    def x_swizzled(r, c):  # column c of row r in a stage: 16-byte chunks XOR-ed with r % 8, so the
+        # eight rows one ldmatrix phase reads fall in eight different bank groups
+        return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
+
     @T.macro
-    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m):
-        """cp.async of iteration ``it``'s x, code and scale tiles into ``stage``."""
+    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m, m, tx):
+        """cp.async of iteration ``it``'s x, code and scale tiles into ``stage``; x rows at or past
+        ``m`` are zero-filled (a predicated cp.async reads nothing)."""
         tile, kt = it // k_tiles, it % k_tiles
         tile_m, tile_n = tile % tiles_m, tile // tiles_m
+        for c in T.unroll(T.ceildiv(x_chunks, threads)):
+            if c * threads + tx < x_chunks:
+                r = (c * threads + tx) // chunks_per_row
+                col = (c * threads + tx) % chunks_per_row * X_CHUNK
+                T.ptx_cp_async(
+                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
+                    T.access_ptr(x[tile_m * bm_ + r, kt * bk_ + col], "r", extent=X_CHUNK),
+                    X_CHUNK,
+                    tile_m * bm_ + r < m,
+                )
+        T.ptx_commit_group()
         nb, kb = tile_n * (bn_ // example.FRAG_N), kt * (bk_ // example.FRAG_K)
-        T.async_copy(x[tile_m * bm_ : (tile_m + 1) * bm_, kt * bk_ : (kt + 1) * bk_], x_tiles[stage, :, :])
         T.async_copy(codes[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], code_tiles[stage, :, :, :])
         T.async_copy(scales[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], scale_tiles[stage, :, :, :])
 
@@ -162,7 +186,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
             # groups (one per async_copy); a missing stage commits empty groups so counts match.
             for s in T.unroll(stages - 1):
                 if begin + s < end:
-                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, begin + s, s, tiles_m)
+                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, begin + s, s, tiles_m, M, tx)
                 else:
                     for _ in T.unroll(COPIES_PER_STAGE):
                         T.ptx_commit_group()
@@ -173,12 +197,12 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
                 # thread is done with the stage the next load overwrites (iteration it - 1's).
                 T.sync_threads()
                 if it + stages - 1 < end:
-                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it + stages - 1, (it - begin + stages - 1) % stages, tiles_m)
+                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it + stages - 1, (it - begin + stages - 1) % stages, tiles_m, M, tx)
                 else:
                     for _ in T.unroll(COPIES_PER_STAGE):
                         T.ptx_commit_group()
                 wt.mma_k_tile(
-                    lambda r, c: x_tiles[stage, r, c],
+                    lambda r, c: x_tiles[stage, r, x_swizzled(r, c)],
                     lambda nb, kb, w: code_tiles[stage, nb, kb, w],
                     lambda nb, kb, w: scale_tiles[stage, nb, kb, w],
                     a_frag, b_frag, acc, lane, warp_m, warp_n,
@@ -225,14 +249,21 @@ def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_pos
     """Lower and compile the stream-K kernel for ``arch``; needs nvcc, not a GPU."""
     import tilelang
 
-    check_streamk_config(config, n, k)
+    check_streamk_config(config, n, k, smem_per_sm(arch))
     func = build_streamk_kernel(n, k, config.kernel_shape(), assume_positive_grid)
     return tilelang.compile(func, target={"kind": "cuda", "arch": arch}, pass_configs=STREAMK_PASS_CONFIGS)
 
 
 # The kernel places every barrier itself (one per k tile, two around the ticket): TileLang's automatic
-# barriers would add a second one per k tile between the cp.async issue and the MMA.
-STREAMK_PASS_CONFIGS = {**example.PASS_CONFIGS, "tl.disable_thread_storage_sync": True}
+# barriers would add a second one per k tile between the cp.async issue and the MMA. Its bounds are
+# explicit too (the x loader's predicate, the row guard of every store): TileLang 0.1.15's safe-memory
+# pass fails on this kernel for some shapes (16384 x 5120: "combined.defined()"), and every other
+# access is in bounds by construction.
+STREAMK_PASS_CONFIGS = {
+    **example.PASS_CONFIGS,
+    "tl.disable_thread_storage_sync": True,
+    "tl.disable_safe_memory_legalize": True,
+}
 
 
 _STREAMK_KERNELS: dict = {}
@@ -240,7 +271,8 @@ _STREAMK_KERNELS: dict = {}
 
 def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, out: torch.Tensor) -> None:
     """One launch of the stream-K kernel on checked inputs (at most 1024 rows)."""
-    check_streamk_config(config, w.n, w.k)
+    arch = example.device_arch(w.device)
+    check_streamk_config(config, w.n, w.k, smem_per_sm(arch))
     shape = config.kernel_shape()
     iterations = math.ceil(x.shape[0] / shape.block_m) * (w.n // shape.block_n) * (w.k // shape.block_k)
     grid = streamk_grid(example.sm_count(w.device), config.ctas_per_sm, iterations)
@@ -249,8 +281,7 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
     key = (w.n, w.k, shape, w.device.index)
     kernel = _STREAMK_KERNELS.get(key)
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
-        major, minor = torch.cuda.get_device_capability(w.device)
-        kernel = _STREAMK_KERNELS[key] = compile_streamk(w.n, w.k, config, f"sm_{major}{minor}")
+        kernel = _STREAMK_KERNELS[key] = compile_streamk(w.n, w.k, config, arch)
     ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
     partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * shape.block_m * shape.block_n, dtype=torch.float32, device=x.device)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid)
@@ -291,8 +322,7 @@ _CONFIG_KINDS = {t.__name__: t for t in CONFIG_TYPES}
 
 
 def gpu_key(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}-{example.sm_count(device)}sm"
+    return f"{example.device_arch(device)}-{example.sm_count(device)}sm"
 
 
 def table_path(key: str) -> pathlib.Path:

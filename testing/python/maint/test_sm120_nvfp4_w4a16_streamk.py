@@ -135,8 +135,9 @@ def test_linear_rejects_a_foreign_config():
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-def test_streamk_compiles(arch):
-    source = sk.compile_streamk(5120, 6144, sk.StreamKConfig(), arch).get_kernel_source()
+@pytest.mark.parametrize("n, k, config", [(5120, 6144, sk.StreamKConfig()), (16384, 5120, sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1))])
+def test_streamk_compiles(arch, n, k, config):
+    source = sk.compile_streamk(n, k, config, arch).get_kernel_source()
     assert "mul.rn.bf16x2" in source and "cp_async" in source and "AtomicAddRet" in source
     assert source.count("__syncthreads()") == 3  # one per k tile, two around the ticket
 
