@@ -888,24 +888,48 @@ def verify(m: int, n: int, k: int, config: Config | None = None, seed: int = 0) 
     return result
 
 
-def time_per_call(calls, repeats: int = 5) -> float:
-    """Microseconds per call: ``calls`` (each rotating over its own weight copy) captured in one CUDA
-    graph, replayed ``repeats`` times, timed with events."""
-    for call in calls:  # compile and warm up outside the capture
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
+class GraphTimer:
+    """Microseconds per call from CUDA-graph replay: ``calls`` (each rotating over its own weight
+    copy, so weights come from HBM) are captured once, each followed by ``separator`` when given;
+    the separators' own cost, measured in a graph of separators alone, is subtracted."""
+
+    def __init__(self, calls, separator=None):
+        for call in calls:  # compile and warm up outside the capture
             call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
+        torch.cuda.synchronize()
+        self.calls = len(calls)
+        self.graph = self._capture([c for call in calls for c in (call, separator) if c is not None])
+        self.separators = self._capture([separator] * len(calls)) if separator is not None else None
+
+    @staticmethod
+    def _capture(fns):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
         graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (repeats * len(calls))
+        return graph
+
+    @staticmethod
+    def _replay_us(graph, repeats: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1000 / repeats
+
+    def per_call_us(self, repeats: int = 5) -> float:
+        total = self._replay_us(self.graph, repeats)
+        if self.separators is not None:
+            total -= self._replay_us(self.separators, repeats)
+        return total / self.calls
+
+
+def time_per_call(calls, repeats: int = 5) -> float:
+    """Microseconds per call of ``calls`` replayed from one CUDA graph (no separator)."""
+    return GraphTimer(calls).per_call_us(repeats)
 
 
 ROTATION_BYTES = 512 * 1024**2  # rotate over at least this many weight bytes: several times any L2

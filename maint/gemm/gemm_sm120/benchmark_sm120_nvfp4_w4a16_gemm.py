@@ -1,0 +1,210 @@
+"""Benchmark: our NVFP4 W4A16 GEMM against BF16 cuBLAS and vLLM's Marlin NVFP4 kernel.
+
+Method (DESIGN.md section 7):
+- every call is replayed from a CUDA graph over at least 512 MB of rotated weight copies (several
+  times any L2), each call followed by a small separator kernel whose own cost is measured in a graph
+  of separators alone and subtracted;
+- each (shape, M) cell runs 3 rounds, the method order rotating each round; the fastest round per
+  cell is reported, and layer-weighted totals (time per model step) for the fastest and the median
+  rounds;
+- ``--verify`` checks ours and Marlin's output against the FP32 reference before timing.
+
+    python maint/gemm/gemm_sm120/benchmark_sm120_nvfp4_w4a16_gemm.py --verify --json r.json --plot r.png
+    python maint/gemm/gemm_sm120/benchmark_sm120_nvfp4_w4a16_gemm.py --from-json r.json --plot r.png  # no GPU
+"""
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import pathlib
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sm120_nvfp4_w4a16_streamk as maint  # noqa: E402
+
+nv = maint.example
+
+DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]
+DEFAULT_LAYER_COUNTS = [48, 16, 64, 64, 64]  # per model step, a 27B-class model
+DEFAULT_MS = [1, 4, 8, 16, 17, 24, 32, 33, 40, 48, 49, 56, 64, 72, 96, 104, 128, 144, 192, 208, 232, 256, 272,
+              304, 384, 416, 512, 544, 608, 768, 832, 1024]  # fmt: skip
+ROUNDS = 3
+BF16_FLOPS_PER_S = 790e12  # H200 BF16 dense math the floors are counted against
+
+
+def weight_bytes(n: int, k: int) -> int:
+    return n * k // 2 + n * k // nv.SCALE_BLOCK
+
+
+def floor_us(m: int, n: int, k: int) -> float:
+    """The larger of the weight-read time at 4.46 TB/s and the BF16 math time at 790 TFLOP/s."""
+    return max(weight_bytes(n, k) / nv.HBM_BYTES_PER_S, 2.0 * m * n * k / BF16_FLOPS_PER_S) * 1e6
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        width = 30
+        filled = width * self.done // self.total
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label:<40}")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def copies_for(bytes_per_copy: int) -> int:
+    return max(2, math.ceil(nv.ROTATION_BYTES / bytes_per_copy))
+
+
+def build_methods(n: int, k: int, dispatch: str) -> dict:
+    """``name -> (make_call(x, i), copies)``: each method rotates over its own weight copies."""
+    linear = maint.nvfp4_w4a16_linear if dispatch == "tuned" else nv.nvfp4_w4a16_linear
+    raw = [nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(copies_for(weight_bytes(n, k)))]
+    ours = [nv.prepare_nvfp4_weight(*r) for r in raw]
+    methods = {"ours": (lambda x, i: lambda: linear(x, ours[i]), len(ours))}
+    dense = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies_for(n * k * 2))]
+    methods["cublas"] = (lambda x, i: lambda: torch.nn.functional.linear(x, dense[i]), len(dense))
+    marlin = [nv.marlin_linear_or_none(*r) for r in raw]
+    if marlin[0] is not None:
+        methods["marlin"] = (lambda x, i: lambda: marlin[i](x), len(marlin))
+    return methods, raw[0], ours[0], marlin[0], linear
+
+
+def run(shapes, layer_counts, ms, dispatch: str, verify: bool) -> dict:
+    separator_buffer = torch.zeros(1, device="cuda")
+    separator = lambda: separator_buffer.add_(1.0)  # noqa: E731  (one tiny kernel between calls)
+    cells = []
+    progress = Progress(len(shapes) * len(ms))
+    for (n, k), layers in zip(shapes, layer_counts):
+        methods, raw, ours_w, marlin_fn, linear = build_methods(n, k, dispatch)
+        for m in ms:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            cell = {"n": n, "k": k, "m": m, "layers": layers, "floor_us": floor_us(m, n, k), "rounds": {}}
+            if verify:
+                ref = nv.reference_nvfp4_linear(x, *raw)
+                cell["verify"] = {"ours": nv.compare_with_reference(linear(x, ours_w), ref)}
+                if marlin_fn is not None:
+                    cell["verify"]["marlin"] = nv.compare_with_reference(marlin_fn(x), ref)
+            timers = {name: nv.GraphTimer([make(x, i) for i in range(copies)], separator) for name, (make, copies) in methods.items()}
+            names = list(timers)
+            for r in range(ROUNDS):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    cell["rounds"].setdefault(name, []).append(timers[name].per_call_us())
+            del timers
+            cells.append(cell)
+            progress.step(f"{n}x{k} M={m}")
+        del methods
+        torch.cuda.empty_cache()
+    return {
+        "meta": {
+            "gpu": torch.cuda.get_device_name(),
+            "key": maint.gpu_key(torch.device("cuda")),
+            "dispatch": dispatch,
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "method": f"CUDA-graph replay over >= {nv.ROTATION_BYTES >> 20} MB of rotated weights, separator subtracted, "
+            f"{ROUNDS} rounds rotating the method order",
+        },
+        "cells": cells,
+    }
+
+
+def summarize(result: dict) -> dict:
+    """Per M, layer-weighted step time per method for the fastest and the median round, and floors."""
+    totals: dict = {}
+    for cell in result["cells"]:
+        t = totals.setdefault(cell["m"], {"floor": 0.0, "fastest": {}, "median": {}})
+        t["floor"] += cell["layers"] * cell["floor_us"]
+        for name, rounds in cell["rounds"].items():
+            t["fastest"][name] = t["fastest"].get(name, 0.0) + cell["layers"] * min(rounds)
+            t["median"][name] = t["median"].get(name, 0.0) + cell["layers"] * statistics.median(rounds)
+    return dict(sorted(totals.items()))
+
+
+def print_report(result: dict) -> None:
+    totals = summarize(result)
+    names = list(next(iter(totals.values()))["fastest"])
+    print(f"\n{result['meta']['gpu']} ({result['meta']['key']}), dispatch={result['meta']['dispatch']}: "
+          "layer-weighted us per model step, fastest round (median round)")  # fmt: skip
+    print(f"{'M':>5} " + " ".join(f"{n:>18}" for n in names) + f" {'floor':>8} {'ours/marlin':>12} {'ours/cublas':>12}")
+    for m, t in totals.items():
+        row = f"{m:5d} " + " ".join(f"{t['fastest'][n]:9.0f} ({t['median'][n]:6.0f})" for n in names) + f" {t['floor']:8.0f}"
+        for base in ("marlin", "cublas"):
+            row += f" {t['fastest'][base] / t['fastest']['ours']:11.2f}x" if base in t["fastest"] else f" {'n/a':>12}"
+        print(row)
+    if any("marlin" in c["rounds"] for c in result["cells"]):
+        ratios = sorted((min(c["rounds"]["marlin"]) / min(c["rounds"]["ours"]), c["n"], c["k"], c["m"]) for c in result["cells"])
+        print(f"worst cell against Marlin: {ratios[0][0]:.2f}x at {ratios[0][1]}x{ratios[0][2]} M={ratios[0][3]}; "
+              f"cells where we lose: {[(n, k, m) for r, n, k, m in ratios if r < 1.0]}")  # fmt: skip
+    failed = [(c["n"], c["k"], c["m"], name) for c in result["cells"] for name, v in c.get("verify", {}).items() if not v["ok"]]
+    if any("verify" in c for c in result["cells"]):
+        print(f"verify: {'all cells pass' if not failed else 'FAILED ' + str(failed)}")
+
+
+def plot(result: dict, path: str) -> None:
+    """Layer-weighted time per model step against M, one line per method, log scales, the floor drawn in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    totals = summarize(result)
+    ms = list(totals)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in next(iter(totals.values()))["fastest"]:
+        ax.plot(ms, [totals[m]["fastest"][name] for m in ms], marker="o", markersize=3, label=name)
+    ax.plot(ms, [totals[m]["floor"] for m in ms], "k--", label="floor: weights at 4.46 TB/s or BF16 at 790 TFLOP/s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("M (rows per step)")
+    ax.set_ylabel("layer-weighted time per model step (us)")
+    ax.set_title(f"NVFP4 W4A16 GEMM, {result['meta']['gpu']}, dispatch={result['meta']['dispatch']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_shapes(text: str) -> list:
+    return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dispatch", choices=["tuned", "example"], default="tuned")
+    parser.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="NxK,NxK,... (default: a 27B-class model)")
+    parser.add_argument("--layer-counts", type=lambda t: [int(v) for v in t.split(",")], default=None)
+    parser.add_argument("--ms", type=lambda t: [int(v) for v in t.split(",")], default=DEFAULT_MS)
+    parser.add_argument("--verify", action="store_true", help="check ours and Marlin against the FP32 reference")
+    parser.add_argument("--json", help="write every cell and round here")
+    parser.add_argument("--plot", help="write the layer-weighted plot here (PNG)")
+    parser.add_argument("--from-json", help="report and plot an earlier run instead of measuring (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        result = json.loads(pathlib.Path(args.from_json).read_text())
+    else:
+        if not torch.cuda.is_available():
+            parser.error("needs a CUDA GPU (use --from-json to report an earlier run)")
+        layer_counts = args.layer_counts or (DEFAULT_LAYER_COUNTS if args.shapes == DEFAULT_SHAPES else [1] * len(args.shapes))
+        if len(layer_counts) != len(args.shapes):
+            parser.error("--layer-counts needs one count per shape")
+        result = run(args.shapes, layer_counts, args.ms, args.dispatch, args.verify)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+    print_report(result)
+    if args.plot:
+        plot(result, args.plot)
+    return 1 if any(not v["ok"] for c in result["cells"] for name, v in c.get("verify", {}).items() if name == "ours") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""CPU tests for the benchmark and the tuner: the parts that need no GPU (layer weighting, floors,
+the report, the plot, candidate configs and how winners become table entries)."""
+
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
+
+import benchmark_sm120_nvfp4_w4a16_gemm as bench  # noqa: E402
+import tune_sm120_nvfp4_w4a16_gemm as tune  # noqa: E402
+
+sk = tune.maint
+nv = sk.example
+
+
+def fake_result():
+    cells = []
+    for (n, k), layers in [((16384, 5120), 48), ((5120, 6144), 64)]:
+        for m in (1, 256):
+            rounds = {"ours": [10.0 + m, 9.0 + m, 11.0 + m], "marlin": [20.0, 21.0, 19.0 + m], "cublas": [30.0, 30.0, 30.0]}
+            cells.append({"n": n, "k": k, "m": m, "layers": layers, "floor_us": bench.floor_us(m, n, k), "rounds": rounds})
+    return {"meta": {"gpu": "test", "key": "sm_90-132sm", "dispatch": "tuned"}, "cells": cells}
+
+
+def test_layer_weighted_totals_use_fastest_and_median_rounds():
+    totals = bench.summarize(fake_result())
+    assert totals[1]["fastest"]["ours"] == 48 * 10.0 + 64 * 10.0  # min of 11, 10, 12
+    assert totals[1]["median"]["ours"] == 48 * 11.0 + 64 * 11.0
+    assert totals[256]["fastest"]["marlin"] == 48 * 20.0 + 64 * 20.0
+    assert totals[1]["floor"] == pytest.approx(48 * bench.floor_us(1, 16384, 5120) + 64 * bench.floor_us(1, 5120, 6144))
+
+
+def test_floor_is_bandwidth_at_small_m_and_math_at_large_m():
+    n, k = 16384, 5120
+    assert bench.floor_us(1, n, k) == pytest.approx(n * k * 9 / 16 / 4.46e12 * 1e6)
+    assert bench.floor_us(1024, n, k) == pytest.approx(2 * 1024 * n * k / 790e12 * 1e6)
+
+
+def test_report_names_the_cells_we_lose(capsys):
+    bench.print_report(fake_result())
+    out = capsys.readouterr().out
+    assert "cells where we lose: [(5120, 6144, 256), (16384, 5120, 256)]" in out  # worst ratio first
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plot.png"
+    bench.plot(fake_result(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+@pytest.mark.parametrize("m", [1, 16, 33, 64, 96, 97, 512, 1024])
+def test_tuner_candidates_fit(arch, m):
+    for n, k in [(5120, 6144), (640, 2304), (34816, 5120)]:
+        configs = tune.candidates(m, n, k, arch)
+        assert configs and len(configs) == len(set(configs))
+        assert any(isinstance(c, sk.StreamKConfig) for c in configs)
+        for c in configs:
+            assert tune.fits(c, n, k, arch)
+
+
+def test_winners_become_merged_m_ranges():
+    a, b = nv.FragConfig(16, 128, 128, 2, 4), sk.StreamKConfig()
+    winners = [(1, a, 9.0), (4, a, 9.5), (16, b, 10.0), (64, a, 20.0)]
+    entries = tune.entries_from_winners(128, 256, winners)
+    assert [(e["m_min"], e["m_max"], e["kind"]) for e in entries] == [
+        (1, 4, "FragConfig"), (5, 16, "StreamKConfig"), (17, 1024, "FragConfig"),
+    ]  # fmt: skip
+    assert sk.config_from_json(entries[1]) == b
