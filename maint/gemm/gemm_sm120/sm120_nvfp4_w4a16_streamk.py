@@ -292,20 +292,26 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
 # ----------------------------------------------------------------------------------------------
 
 MIN_STREAMK_ITERATIONS_PER_CTA = 8  # shorter ranges spend more on the partial fix-up than they win
+STREAMK_MIN_BLOCK_M = 48
 
 
 def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyConfig:
-    """The example's tile shape for this M, run as stream-K over one CTA per SM, unless the
-    per-CTA ranges would be short; then the example's own choice."""
+    """Stream-K where it has measured faster than the example's kernels, else the example's choice.
+
+    Measured on the H200 (2026-11-29, one run, 16384x5120 and 5120x6144 at M = 1, 16, 64, 256, 1024):
+    stream-K over one CTA per SM won only where the example has to split K under 48- or 64-row
+    fragment tiles (5120x6144, M = 64: 30.8 us against 40.6 us); elsewhere it lost by up to 1.7x
+    (one 4-warp CTA per SM hides too little latency, and a tile's reduction stalls the reducing
+    CTA's pipeline). The tuned tables decide per shape; this is the fallback without one.
+    """
     base = example.get_config(m, n, k, sm_count=sm_count)
     shape = base.kernel_shape()
-    config = StreamKConfig(shape.block_m, shape.block_n, shape.block_k, shape.warps_m, shape.warps_n, example.DEFAULT_STAGES, 1)
-    if isinstance(base, FragConfig) and shape.block_m == example.FRAG_MAX_BLOCK_M:
-        config = config._replace(stages=base.stages)
-    iterations = math.ceil(min(m, example.MAX_M_PER_LAUNCH) / shape.block_m) * (n // shape.block_n) * (k // shape.block_k)
+    if not (isinstance(base, FragConfig) and base.split_k > 1 and shape.block_m >= STREAMK_MIN_BLOCK_M):
+        return base
+    iterations = math.ceil(m / shape.block_m) * (n // shape.block_n) * (k // shape.block_k)
     if iterations < MIN_STREAMK_ITERATIONS_PER_CTA * sm_count:
         return base
-    return config
+    return StreamKConfig(shape.block_m, shape.block_n, shape.block_k, shape.warps_m, shape.warps_n, base.stages, 1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -76,9 +76,11 @@ def test_every_streamk_heuristic_config_fits(n, k):
         assert config.kernel_shape().shared_bytes() <= nv.SM120_SMEM_PER_CTA
 
 
-def test_streamk_falls_back_when_ranges_are_short():
-    assert isinstance(sk.get_streamk_config(1, 128, 256, sm_count=132), nv.FragConfig)
-    assert isinstance(sk.get_streamk_config(1, 34816, 5120, sm_count=132), sk.StreamKConfig)
+def test_streamk_heuristic_only_where_it_measured_faster():
+    assert isinstance(sk.get_streamk_config(64, 5120, 6144, sm_count=132), sk.StreamKConfig)
+    assert sk.get_streamk_config(1, 16384, 5120, sm_count=132) == nv.get_config(1, 16384, 5120, sm_count=132)
+    assert sk.get_streamk_config(1024, 5120, 6144, sm_count=132) == nv.get_config(1024, 5120, 6144, sm_count=132)
+    assert isinstance(sk.get_streamk_config(64, 128, 256, sm_count=132), nv.FragConfig)  # ranges too short
 
 
 TABLES = sorted(sk.TABLE_DIR.glob("*.json"))
@@ -170,7 +172,7 @@ GRAPH_CONFIGS = {
     64: sk.StreamKConfig(64, 128, 128, 1, 4, 3, 1),
     300: sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1),
 }
-DISPATCH_CASES = [(1, 16384, 5120), (48, 5120, 6144), (700, 5120, 17408)]
+DISPATCH_CASES = [(1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408)]
 
 
 def _compile_in_worker(n, k, config, arch):
