@@ -182,8 +182,8 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
 
             for q in T.unroll(wt.acc_size):
                 acc[q] = 0.0
-            # Prologue: the first stages - 1 iterations in flight. Each stage is three commit
-            # groups (one per async_copy); a missing stage commits empty groups so counts match.
+            # Prologue: the first stages - 1 iterations in flight. Each stage is COPIES_PER_STAGE
+            # commit groups (x, codes, scales); a missing stage commits empty groups so counts match.
             for s in T.unroll(stages - 1):
                 if begin + s < end:
                     load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, begin + s, s, tiles_m, M, tx)
