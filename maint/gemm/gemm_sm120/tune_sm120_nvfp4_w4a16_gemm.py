@@ -39,23 +39,33 @@ def fits(config, n: int, k: int, arch: str) -> bool:
         return False
 
 
+MAX_TUNED_STAGES = 8
+
+
+def deepest(config, n: int, k: int, arch: str):
+    """``config`` with the deepest cp.async pipeline (up to 8 stages) that still fits, or None.
+    Deeper pipelines keep more weight bytes in flight, which is what small M is short of."""
+    for stages in range(MAX_TUNED_STAGES, 1, -1):
+        if fits(config._replace(stages=stages), n, k, arch):
+            return config._replace(stages=stages)
+    return None
+
+
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M: the three kernels over a few tile shapes and splits."""
-    out = []
-    if m <= nv.FRAG_MAX_M:
-        block_m = min(nv.FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
-        for block_n, block_k in [(128, 128), (256, 128), (128, 256), (256, 64)]:
-            for stages in (4, 3, 2):  # the deepest pipeline that fits
-                base = nv.FragConfig(block_m, block_n, block_k, 1, stages)
-                if fits(base, n, k, arch):
-                    break
-            out += [base._replace(split_k=s) for s in (1, 2, 4, 8)]
-            out += [maint.StreamKConfig(block_m, block_n, block_k, 1, block_n // 32, stages, c) for c in (1, 2)]
+    """Configs worth timing at this M (about a dozen: compiling is the tuner's cost): the example's
+    heuristic choice, its tile shape with deeper pipelines and other splits, and stream-K over it."""
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    heuristic = nv.get_config(m, n, k, sm_count=sm_count)
+    s = heuristic.kernel_shape()
+    out = [heuristic]
+    if isinstance(heuristic, nv.FragConfig):
+        for block_n, splits in [(128, (1, 2, 4, 8)), (256, (1, 2, 4))]:
+            out += [deepest(nv.FragConfig(s.block_m, block_n, 128, split, 2), n, k, arch) for split in splits]
     else:
-        for block_m, block_n, warps_m, warps_n in [(64, 256, 1, 4), (64, 128, 1, 2), (128, 128, 2, 2), (128, 256, 2, 4)]:
-            out += [nv.TileConfig(block_m, block_n, 64, warps_m, warps_n, s, 4) for s in (1, 2, 4)]
-            out += [maint.StreamKConfig(block_m, block_n, 64, warps_m, warps_n, 4, c) for c in (1, 2)]
-    return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
+        out += [deepest(heuristic._replace(split_k=split), n, k, arch) for split in (1, 2)]
+        out.append(nv.TileConfig(128, 128, 64, 2, 2, 1, 4))
+    out += [deepest(maint.StreamKConfig(s.block_m, s.block_n, s.block_k, s.warps_m, s.warps_n, 2, c), n, k, arch) for c in (1, 2)]
+    return [c for c in dict.fromkeys(out) if c is not None and fits(c, n, k, arch)]
 
 
 def _compile(n, k, config, arch):
