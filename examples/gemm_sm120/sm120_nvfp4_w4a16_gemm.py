@@ -170,6 +170,7 @@ DEQUANT_EXPONENT_OFFSET = 7
 SM120_SMEM_PER_CTA = 99 * 1024
 SM120_SMEM_PER_SM = 100 * 1024
 MAX_M_PER_LAUNCH = 1024
+PREPARE_ROWS_PER_CHUNK = 2048  # rows re-laid out at a time: ~0.2 GB of temporaries at K = 5120
 # Offsets in the kernels are 32-bit: each operand must stay under 2^31 elements (4 GiB of x).
 MAX_OPERAND_BYTES = 4 * 1024**3
 
@@ -212,12 +213,15 @@ def prepare_nvfp4_weight(
     n, k, alpha = _check_prepare_inputs(packed, scales, alpha)
     device = packed.device
     magnitude, negative = _scale_magnitudes(scales)
-    codes = _unpack_codes(packed)
-    scale_per_code = torch.repeat_interleave(magnitude, SCALE_BLOCK, dim=1)
-    codes = torch.where(scale_per_code == 0, 0, codes)
-    codes = codes ^ (torch.repeat_interleave(negative, SCALE_BLOCK, dim=1).to(torch.int32) << 3)
+    codes = torch.empty((n // FRAG_N, k // FRAG_K, WORDS_PER_BLOCK), dtype=torch.int32, device=device)
+    for r0 in range(0, n, PREPARE_ROWS_PER_CHUNK):  # bounded temporaries (int64 words) for big weights
+        rows = slice(r0, min(n, r0 + PREPARE_ROWS_PER_CHUNK))
+        chunk = _unpack_codes(packed[rows])
+        chunk = torch.where(torch.repeat_interleave(magnitude[rows], SCALE_BLOCK, dim=1) == 0, 0, chunk)
+        chunk = chunk ^ (torch.repeat_interleave(negative[rows], SCALE_BLOCK, dim=1).to(torch.int32) << 3)
+        codes[r0 // FRAG_N : rows.stop // FRAG_N] = _scatter_codes(chunk, rows.stop - r0, k)
     prepared = NVFP4W4A16Weight(
-        codes=_scatter_codes(codes, n, k),
+        codes=codes,
         scales=_arrange_scales(SCALE_BYTE_TABLE.to(device)[magnitude.long()], n, k),
         alpha_x128=(alpha * 2.0**DEQUANT_EXPONENT_OFFSET).expand(n).contiguous(),
         n=n,

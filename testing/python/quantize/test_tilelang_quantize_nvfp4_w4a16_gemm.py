@@ -85,6 +85,14 @@ def test_one_code_lands_at_its_b_fragment_position():
         assert dense[row, col] == 6.0 and torch.count_nonzero(dense) == 1
 
 
+def test_preparing_in_row_chunks_changes_nothing(monkeypatch):
+    packed, raw = weight_with_scale_bytes(512, 256, FINITE_E4M3_BYTES, seed=5)
+    whole = nv.prepare_nvfp4_weight(packed, raw.view(torch.float8_e4m3fn), 1.0)
+    monkeypatch.setattr(nv, "PREPARE_ROWS_PER_CHUNK", 96)  # chunks that end mid-way in a 128-row tile
+    chunked = nv.prepare_nvfp4_weight(packed, raw.view(torch.float8_e4m3fn), 1.0)
+    assert torch.equal(whole.codes, chunked.codes) and torch.equal(whole.scales, chunked.scales)
+
+
 def test_prepared_weight_is_the_checkpoint_size():
     n, k = 384, 768
     packed, scales, alpha = nv.random_nvfp4_weight(n, k)
