@@ -327,7 +327,10 @@ TABLE_DIR = _HERE / "tuned"
 _CONFIG_KINDS = {t.__name__: t for t in CONFIG_TYPES}
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_key(device: torch.device) -> str:
+    """``sm_90-132sm``: the compute capability and SM count a table was measured on (cached: it is
+    looked up on every call)."""
     return f"{example.device_arch(device)}-{example.sm_count(device)}sm"
 
 
