@@ -65,8 +65,9 @@ def copies_for(bytes_per_copy: int) -> int:
     return max(2, math.ceil(nv.ROTATION_BYTES / bytes_per_copy))
 
 
-def build_methods(n: int, k: int, dispatch: str) -> dict:
-    """``name -> (make_call(x, i), copies)``: each method rotates over its own weight copies."""
+def build_methods(n: int, k: int, dispatch: str):
+    """``({name: (make_call(x, i), copies)}, checkpoint tensors, our weight, Marlin or None, our linear)``:
+    each method rotates over its own weight copies; the rest is for ``--verify``."""
     linear = maint.nvfp4_w4a16_linear if dispatch == "tuned" else nv.nvfp4_w4a16_linear
     raw = [nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(copies_for(weight_bytes(n, k)))]
     ours = [nv.prepare_nvfp4_weight(*r) for r in raw]
