@@ -29,7 +29,10 @@ import torch
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE.parents[2] / "examples" / "gemm_sm120"))
 
+sys.path.insert(0, str(_HERE.parents[0] / "gemm_sm90"))
+
 import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
+import sm90_nvfp4_w4a16_wgmma as hopper  # noqa: E402
 from sm120_nvfp4_w4a16_gemm import (  # noqa: E402,F401  (re-exported: one import gives the whole surface)
     FragConfig,
     NVFP4W4A16Weight,
@@ -58,8 +61,10 @@ class StreamKConfig(NamedTuple):
         return example.KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, 1)
 
 
-AnyConfig = Union[FragConfig, TileConfig, StreamKConfig]
-CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig)
+# WgmmaConfig (maint/gemm/gemm_sm90) runs on sm_90 only: explicit configs and sm_90 tables may name
+# it; no heuristic here returns it, so sm_120 never sees it.
+AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
+CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
 X_CHUNK = 8  # bf16 values per 16-byte cp.async
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
@@ -372,7 +377,12 @@ def tuned_config(m: int, n: int, k: int, key: str) -> Optional[AnyConfig]:
 # 4. The public function
 # ----------------------------------------------------------------------------------------------
 
-LAUNCHERS = {FragConfig: example.launch, TileConfig: example.launch, StreamKConfig: launch_streamk}
+LAUNCHERS = {
+    FragConfig: example.launch,
+    TileConfig: example.launch,
+    StreamKConfig: launch_streamk,
+    hopper.WgmmaConfig: hopper.launch_wgmma,
+}
 
 
 def pick_config(rows: int, w: NVFP4W4A16Weight) -> AnyConfig:

@@ -30,7 +30,11 @@ nv = maint.example
 
 def fits(config, n: int, k: int, arch: str) -> bool:
     try:
-        if isinstance(config, maint.StreamKConfig):
+        if isinstance(config, maint.hopper.WgmmaConfig):
+            if arch != "sm_90":
+                return False
+            maint.hopper.check_wgmma_config(config, n, k)
+        elif isinstance(config, maint.StreamKConfig):
             maint.check_streamk_config(config, n, k, maint.smem_per_sm(arch))
         else:
             nv.check_config(config, n, k)
@@ -65,11 +69,15 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [deepest(heuristic._replace(split_k=split), n, k, arch) for split in (1, 2)]
         out.append(nv.TileConfig(128, 128, 64, 2, 2, 1, 4))
     out += [deepest(maint.StreamKConfig(s.block_m, s.block_n, s.block_k, s.warps_m, s.warps_n, 2, c), n, k, arch) for c in (1, 2)]
+    if arch == "sm_90":  # the Hopper wgmma kernel: x rows per CTA cover M up to 128
+        out += [deepest(maint.hopper.WgmmaConfig(min(128, 16 * math.ceil(m / 16)), maint.hopper.SWIZZLE_K, 2), n, k, arch)]
     return [c for c in dict.fromkeys(out) if c is not None and fits(c, n, k, arch)]
 
 
 def _compile(n, k, config, arch):
-    if isinstance(config, maint.StreamKConfig):
+    if isinstance(config, maint.hopper.WgmmaConfig):
+        maint.hopper.compile_wgmma(n, k, config)
+    elif isinstance(config, maint.StreamKConfig):
         maint.compile_streamk(n, k, config, arch)
     else:
         nv.compile_kernel(n, k, config, arch)

@@ -1,0 +1,110 @@
+"""Tests for maint/gemm/gemm_sm90/sm90_nvfp4_w4a16_wgmma.py, the sm_90a wgmma kernel with the
+dequantized weights as the register operand: compiling for sm_90a, never being chosen or launched on
+another arch, and (on an sm_90 GPU) results against the FP32 reference (DESIGN.md section 8)."""
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
+
+wg = sk.hopper
+nv = sk.example
+ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H200)")
+
+
+@pytest.mark.parametrize("config", [wg.WgmmaConfig(16, 64, 4), wg.WgmmaConfig(128, 64, 3)])
+def test_compiles_for_sm90a(config):
+    source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
+    assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
+
+
+def test_never_chosen_by_a_heuristic():
+    for n, k in [(16384, 5120), (5120, 6144), (640, 2304)]:
+        for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
+            assert not isinstance(sk.get_streamk_config(m, n, k, sm_count=188), wg.WgmmaConfig)
+
+
+def test_tuner_offers_it_only_on_sm90():
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    assert any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(64, 5120, 6144, "sm_90"))
+    assert not any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(64, 5120, 6144, "sm_120"))
+
+
+def test_refuses_other_archs(monkeypatch):
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(128, 256))
+    monkeypatch.setattr(nv, "device_arch", lambda device: "sm_120")
+    with pytest.raises(ValueError, match="sm_90 only"):
+        wg.launch_wgmma(torch.zeros(1, 256, dtype=torch.bfloat16), w, wg.WgmmaConfig(), torch.empty(1, 128, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("config", [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=24), wg.WgmmaConfig(block_x=256)])
+def test_bad_configs(config):
+    with pytest.raises(ValueError):
+        wg.check_wgmma_config(config, 4096, 4096)
+
+
+@needs_sm90
+@pytest.mark.parametrize(
+    "m, n, k, config",
+    [
+        (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
+        (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
+        (64, 4096, 4096, wg.WgmmaConfig(64, 64, 3)),
+        (200, 5120, 6144, wg.WgmmaConfig(128, 64, 3)),
+        (1024, 4096, 4096, wg.WgmmaConfig(128, 64, 3)),
+        (1100, 640, 2304, wg.WgmmaConfig(64, 64, 4)),
+    ],
+)
+def test_matches_reference(m, n, k, config):
+    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(m))
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to("cuda", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = sk.nvfp4_w4a16_linear(x, w, config, out=out)
+    result = nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha))
+    assert result["ok"], result
+    assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
+
+
+@needs_sm90
+def test_zero_negative_subnormal_scales_with_per_column_alpha():
+    n, k = 1024, 2048
+    g = torch.Generator().manual_seed(11)
+    packed, scales, _ = nv.random_nvfp4_weight(n, k, generator=g)
+    raw = scales.view(torch.uint8).clone()
+    special = torch.tensor([0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0xFE, 0xB8], dtype=torch.uint8)  # 0, -0, subnormals, -448..
+    pick = torch.rand(raw.shape, generator=g) < 0.1
+    raw[pick] = special[torch.randint(0, len(special), (int(pick.sum()),), generator=g)]
+    scales = raw.view(torch.float8_e4m3fn).cuda()
+    alpha = ((torch.rand(n, generator=g) + 0.5) * 2.0 ** torch.randint(-8, 3, (n,), generator=g).float()).cuda()
+    packed = packed.cuda()
+    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
+    for m in (1, 64, 300):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        result = nv.compare_with_reference(sk.nvfp4_w4a16_linear(x, w, wg.WgmmaConfig(64, 64, 3)), nv.reference_nvfp4_linear(x, packed, scales, alpha))
+        assert result["ok"], result
+
+
+@needs_sm90
+def test_graph_replays_match_eager():
+    n, k, m = 5120, 6144, 96
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    config = wg.WgmmaConfig(96, 64, 3)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    sk.nvfp4_w4a16_linear(x, w, config)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sk.nvfp4_w4a16_linear(x, w, config)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
