@@ -80,10 +80,23 @@ def build_methods(n: int, k: int, dispatch: str):
     return methods, raw[0], ours[0], marlin[0], linear
 
 
-def run(shapes, layer_counts, ms, dispatch: str, verify: bool) -> dict:
+def run(shapes, layer_counts, ms, dispatch: str, verify: bool, on_cell=None) -> dict:
+    """Measure every (shape, M) cell; ``on_cell(result_so_far)`` after each (to save partial runs)."""
     separator_buffer = torch.zeros(1, device="cuda")
     separator = lambda: separator_buffer.add_(1.0)  # noqa: E731  (one tiny kernel between calls)
     cells = []
+    result = {
+        "meta": {
+            "gpu": torch.cuda.get_device_name(),
+            "key": maint.gpu_key(torch.device("cuda")),
+            "dispatch": dispatch,
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "method": f"CUDA-graph replay over >= {nv.ROTATION_BYTES >> 20} MB of rotated weights, separator subtracted, "
+            f"{ROUNDS} rounds rotating the method order",
+        },
+        "cells": cells,
+    }
     progress = Progress(len(shapes) * len(ms))
     for (n, k), layers in zip(shapes, layer_counts):
         methods, raw, ours_w, marlin_fn, linear = build_methods(n, k, dispatch)
@@ -103,20 +116,11 @@ def run(shapes, layer_counts, ms, dispatch: str, verify: bool) -> dict:
             del timers
             cells.append(cell)
             progress.step(f"{n}x{k} M={m}")
+            if on_cell is not None:
+                on_cell(result)
         del methods
         torch.cuda.empty_cache()
-    return {
-        "meta": {
-            "gpu": torch.cuda.get_device_name(),
-            "key": maint.gpu_key(torch.device("cuda")),
-            "dispatch": dispatch,
-            "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__,
-            "method": f"CUDA-graph replay over >= {nv.ROTATION_BYTES >> 20} MB of rotated weights, separator subtracted, "
-            f"{ROUNDS} rounds rotating the method order",
-        },
-        "cells": cells,
-    }
+    return result
 
 
 def summarize(result: dict) -> dict:
@@ -198,9 +202,8 @@ def main(argv=None) -> int:
         layer_counts = args.layer_counts or (DEFAULT_LAYER_COUNTS if args.shapes == DEFAULT_SHAPES else [1] * len(args.shapes))
         if len(layer_counts) != len(args.shapes):
             parser.error("--layer-counts needs one count per shape")
-        result = run(args.shapes, layer_counts, args.ms, args.dispatch, args.verify)
-        if args.json:
-            pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+        save = (lambda r: pathlib.Path(args.json).write_text(json.dumps(r, indent=1))) if args.json else None
+        result = run(args.shapes, layer_counts, args.ms, args.dispatch, args.verify, on_cell=save)
     print_report(result)
     if args.plot:
         plot(result, args.plot)
