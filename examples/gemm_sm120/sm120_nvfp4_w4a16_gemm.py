@@ -892,6 +892,23 @@ def verify(m: int, n: int, k: int, config: Config | None = None, seed: int = 0) 
     return result
 
 
+def graph_replays_match_eager(fn, x: torch.Tensor, replays: int = 2) -> bool:
+    """Capture ``fn(x)`` in a CUDA graph (after one eager call, which compiles), then refill ``x`` with
+    fresh values ``replays`` times: True when every replay equals an eager call bit for bit."""
+    fn(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fn(x)
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(y, fn(x)):
+            return False
+    return True
+
+
 class GraphTimer:
     """Microseconds per call from CUDA-graph replay: ``calls`` (each rotating over its own weight
     copy, so weights come from HBM) are captured once, each followed by ``separator`` when given;
