@@ -877,15 +877,17 @@ def compare_with_reference(y: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"ok": ok, "rel_frobenius": rel_frobenius, "worst_row": worst_row, "elementwise": element_ok, "finite": finite}
 
 
-def verify(m: int, n: int, k: int, config: Config | None = None, seed: int = 0) -> dict:
-    """Fresh random inputs, a poisoned ``out``, the FP32 reference, and a repeat for bit-identity."""
+def verify(m: int, n: int, k: int, config: Config | None = None, seed: int = 0, linear=None) -> dict:
+    """Fresh random inputs, a poisoned ``out``, the FP32 reference, and a repeat for bit-identity.
+    ``linear`` is the function checked (default: this module's ``nvfp4_w4a16_linear``; maint passes its own)."""
+    linear = linear or nvfp4_w4a16_linear
     g = torch.Generator().manual_seed(seed)
     packed, scales, alpha = random_nvfp4_weight(n, k, "cuda", g)
     w = prepare_nvfp4_weight(packed, scales, alpha)
     x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = nvfp4_w4a16_linear(x, w, config, out=out).clone()
-    again = nvfp4_w4a16_linear(x, w, config)
+    y = linear(x, w, config, out=out).clone()
+    again = linear(x, w, config)
     result = compare_with_reference(y, reference_nvfp4_linear(x, packed, scales, alpha))
     result["deterministic"] = bool(torch.equal(y, again))
     result["ok"] = result["ok"] and result["deterministic"]

@@ -200,13 +200,7 @@ def precompiled_streamk_kernels():
 @needs_gpu
 @pytest.mark.parametrize("m, n, k, config", STREAMK_CASES)
 def test_streamk_matches_reference(m, n, k, config):
-    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(m))
-    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to("cuda", torch.bfloat16)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = sk.nvfp4_w4a16_linear(x, w, config, out=out)
-    assert_ok(nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
-    assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
+    assert_ok(nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear))
 
 
 @needs_gpu
@@ -237,4 +231,4 @@ def test_tuned_entry_at_range_start_middle_end(key, entry):
     config = sk.config_from_json(entry)
     n, k = entry["n"], entry["k"]
     for m in sorted({entry["m_min"], (entry["m_min"] + entry["m_max"]) // 2, entry["m_max"]}):
-        assert_ok(nv.verify(m, n, k, config=config, seed=m))
+        assert_ok(nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear))

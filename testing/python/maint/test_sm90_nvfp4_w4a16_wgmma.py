@@ -64,14 +64,8 @@ def test_bad_configs(config):
     ],
 )
 def test_matches_reference(m, n, k, config):
-    packed, scales, alpha = nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(m))
-    w = nv.prepare_nvfp4_weight(packed, scales, alpha)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to("cuda", torch.bfloat16)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = sk.nvfp4_w4a16_linear(x, w, config, out=out)
-    result = nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha))
+    result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
     assert result["ok"], result
-    assert torch.equal(y, sk.nvfp4_w4a16_linear(x, w, config))
 
 
 @needs_sm90
