@@ -454,6 +454,28 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
 
+class Operands(NamedTuple):
+    """The tensor types every kernel of this family takes, for an ``N x K`` weight and ``M`` rows."""
+
+    x: object
+    codes: object
+    scales: object
+    alpha_x128: object
+    y: object
+
+
+def operands(n: int, k: int, m) -> Operands:
+    import tilelang.language as T
+
+    return Operands(
+        x=T.Tensor((m, k), T.bfloat16),
+        codes=T.Tensor((n // FRAG_N, k // FRAG_K, WORDS_PER_BLOCK), T.int32),
+        scales=T.Tensor((n // FRAG_N, k // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32),
+        alpha_x128=T.Tensor((n,), T.float32),
+        y=T.Tensor((m, n), T.bfloat16),
+    )
+
+
 def build_kernel(n: int, k: int, shape: KernelShape):
     """The TileLang kernel for an ``N x K`` weight.
 
@@ -472,14 +494,15 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     M = T.dynamic("m")
     P = T.dynamic("partials_len")
     NT = T.dynamic("tickets_len")
+    ops = operands(n, k, M)
 
     @T.prim_func
     def nvfp4_w4a16_gemm(
-        x: T.Tensor((M, k), T.bfloat16),
-        codes: T.Tensor((n // FRAG_N, k // FRAG_K, WORDS_PER_BLOCK), T.int32),
-        scales: T.Tensor((n // FRAG_N, k // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32),
-        alpha_x128: T.Tensor((n,), T.float32),
-        y: T.Tensor((M, n), T.bfloat16),
+        x: ops.x,
+        codes: ops.codes,
+        scales: ops.scales,
+        alpha_x128: ops.alpha_x128,
+        y: ops.y,
         partials: T.Tensor((P,), T.float32),
         tickets: T.Tensor((NT,), T.int32),
     ):

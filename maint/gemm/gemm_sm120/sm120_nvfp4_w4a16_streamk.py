@@ -153,14 +153,15 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     M = T.dynamic("m")
     P = T.dynamic("partials_len")
     NT = T.dynamic("tickets_len")
+    ops = example.operands(n, k, M)
 
     @T.prim_func
     def nvfp4_w4a16_streamk(
-        x: T.Tensor((M, k), T.bfloat16),
-        codes: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.WORDS_PER_BLOCK), T.int32),
-        scales: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.SCALE_WORDS_PER_BLOCK), T.int32),
-        alpha_x128: T.Tensor((n,), T.float32),
-        y: T.Tensor((M, n), T.bfloat16),
+        x: ops.x,
+        codes: ops.codes,
+        scales: ops.scales,
+        alpha_x128: ops.alpha_x128,
+        y: ops.y,
         partials: T.Tensor((P,), T.float32),
         tickets: T.Tensor((NT,), T.int32),
         grid: T.int32,

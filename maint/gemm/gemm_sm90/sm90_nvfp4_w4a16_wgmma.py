@@ -61,13 +61,15 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     def set_b_layout(emitter, layout) -> None:
         emitter._assign_b_shared_layout(layout)
 
+    ops = example.operands(n, k, M)
+
     @T.prim_func
     def nvfp4_w4a16_wgmma(
-        x: T.Tensor((M, k), T.bfloat16),
-        codes: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.WORDS_PER_BLOCK), T.int32),
-        scales: T.Tensor((n // example.FRAG_N, k // example.FRAG_K, example.SCALE_WORDS_PER_BLOCK), T.int32),
-        alpha_x128: T.Tensor((n,), T.float32),
-        y: T.Tensor((M, n), T.bfloat16),
+        x: ops.x,
+        codes: ops.codes,
+        scales: ops.scales,
+        alpha_x128: ops.alpha_x128,
+        y: ops.y,
     ):
         with T.Kernel(n // rows, T.ceildiv(M, bx), threads=128) as (bn, bm):
             x_tile = T.alloc_shared((bx, bk), T.bfloat16)
