@@ -693,6 +693,22 @@ def compile_kernel(n: int, k: int, config: Config, arch: str):
     return tilelang.compile(func, target={"kind": "cuda", "arch": arch}, pass_configs=PASS_CONFIGS)
 
 
+def precompile(jobs, arch: str, compile_fn=None) -> None:
+    """Compile ``(n, k, config)`` jobs for ``arch`` in parallel processes. TileLang's disk cache then
+    turns each in-process first compile into a load (minutes of nvcc become seconds); useful before a
+    tuning run, a test session or a CUDA-graph capture. ``compile_fn(n, k, config, arch)`` must be a
+    module-level function (it crosses processes); the default compiles this module's kernels."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    compile_fn = compile_fn or compile_kernel
+    context = multiprocessing.get_context("spawn")  # a forked CUDA/TVM process is not safe to reuse
+    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
+        for future in [pool.submit(compile_fn, n, k, config, arch) for n, k, config in set(jobs)]:
+            future.result()
+
+
 # (N, K, kernel shape, device index) -> compiled kernel. A dict lookup costs ~0.4 us, against
 # ~0.7 us for the JIT factory's own cache: it matters next to a 10-30 us decode GEMM.
 _KERNELS: dict = {}

@@ -272,6 +272,15 @@ STREAMK_PASS_CONFIGS = {
 }
 
 
+def compile_any(n: int, k: int, config: AnyConfig, arch: str):
+    """Compile whichever kernel ``config`` names (the wgmma kernel always for sm_90a)."""
+    if isinstance(config, hopper.WgmmaConfig):
+        return hopper.compile_wgmma(n, k, config)
+    if isinstance(config, StreamKConfig):
+        return compile_streamk(n, k, config, arch)
+    return example.compile_kernel(n, k, config, arch)
+
+
 _STREAMK_KERNELS: dict = {}
 
 

@@ -10,12 +10,9 @@ of shapes not tuned in this run, so a long tuning can be done one shape per invo
 """
 
 import argparse
-import concurrent.futures
 import datetime
 import json
 import math
-import multiprocessing
-import os
 import pathlib
 import sys
 
@@ -74,22 +71,6 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if c is not None and fits(c, n, k, arch)]
 
 
-def _compile(n, k, config, arch):
-    if isinstance(config, maint.hopper.WgmmaConfig):
-        maint.hopper.compile_wgmma(n, k, config)
-    elif isinstance(config, maint.StreamKConfig):
-        maint.compile_streamk(n, k, config, arch)
-    else:
-        nv.compile_kernel(n, k, config, arch)
-
-
-def precompile(jobs, arch: str) -> None:
-    """Compile in parallel processes; TileLang's disk cache makes the later in-process compile a load."""
-    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(_compile, n, k, c, arch) for n, k, c in jobs]:
-            future.result()
-
-
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress) -> list:
     """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference."""
     copies = bench.copies_for(bench.weight_bytes(n, k))
@@ -142,7 +123,7 @@ def main(argv=None) -> int:
     key, arch = maint.gpu_key(device), nv.device_arch(device)
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
-    precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch)
+    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries = []
     for n, k in args.shapes:

@@ -2,10 +2,7 @@
 tuned-table dispatch, configs, compiling for sm_90 and sm_120, and (on a GPU) results against the
 FP32 reference with the bounds of DESIGN.md section 8."""
 
-import concurrent.futures
 import json
-import multiprocessing
-import os
 import pathlib
 import sys
 
@@ -175,13 +172,6 @@ GRAPH_CONFIGS = {
 DISPATCH_CASES = [(1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408)]
 
 
-def _compile_in_worker(n, k, config, arch):
-    if isinstance(config, sk.StreamKConfig):
-        sk.compile_streamk(n, k, config, arch)
-    else:
-        nv.compile_kernel(n, k, config, arch)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def precompiled_streamk_kernels():
     """Compile the GPU tests' kernels in parallel processes first (TileLang's disk cache turns each
@@ -192,9 +182,7 @@ def precompiled_streamk_kernels():
     major, minor = torch.cuda.get_device_capability()
     cases = {(n, k, c) for _, n, k, c in STREAMK_CASES} | {(5120, 6144, c) for c in GRAPH_CONFIGS.values()}
     cases |= {(n, k, sk.get_streamk_config(m, n, k, sm_count=sms)) for m, n, k in DISPATCH_CASES}
-    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(_compile_in_worker, n, k, c, f"sm_{major}{minor}") for n, k, c in cases]:
-            future.result()
+    nv.precompile(cases, f"sm_{major}{minor}", sk.compile_any)
 
 
 @needs_gpu

@@ -6,9 +6,6 @@ GPU tests (skipped without a GPU): every result against the FP32 reference with 
 DESIGN.md section 8, determinism, CUDA graphs.
 """
 
-import concurrent.futures
-import multiprocessing
-import os
 import pathlib
 import sys
 
@@ -268,10 +265,6 @@ SWEEP_SHAPES = [(16384, 5120), (5120, 17408), (11008, 4096), (640, 2304), (384, 
 SWEEP_M = [1, 2, 8, 16, 24, 32, 40, 64, 72, 96, 97, 128, 200, 256, 384, 640, 1024]
 
 
-def _compile_in_worker(n, k, config, arch):
-    nv.compile_kernel(n, k, config, arch)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def precompiled_kernels(request):
     """Compile the GPU tests' kernels in parallel processes first: TileLang's disk cache then makes
@@ -286,10 +279,7 @@ def precompiled_kernels(request):
     cases |= {(1024, 2048, nv.get_config(m, 1024, 2048, sm_count=sms)) for m in (1, 64, 300)}
     if "not slow" not in (request.config.getoption("markexpr") or ""):
         cases |= {(n, k, nv.get_config(m, n, k, sm_count=sms)) for n, k in SWEEP_SHAPES for m in SWEEP_M}
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        for future in [pool.submit(_compile_in_worker, n, k, c, f"sm_{major}{minor}") for n, k, c in cases]:
-            future.result()
+    nv.precompile(cases, f"sm_{major}{minor}")
 
 
 @needs_gpu
