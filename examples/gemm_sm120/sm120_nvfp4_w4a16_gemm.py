@@ -705,8 +705,12 @@ def precompile(jobs, arch: str, compile_fn=None) -> None:
     compile_fn = compile_fn or compile_kernel
     context = multiprocessing.get_context("spawn")  # a forked CUDA/TVM process is not safe to reuse
     with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        for future in [pool.submit(compile_fn, n, k, config, arch) for n, k, config in set(jobs)]:
+        for future in [pool.submit(_compile_for_cache, compile_fn, n, k, config, arch) for n, k, config in set(jobs)]:
             future.result()
+
+
+def _compile_for_cache(compile_fn, n, k, config, arch) -> None:
+    compile_fn(n, k, config, arch)  # the kernel object stays in the worker: only the disk cache matters
 
 
 # (N, K, kernel shape, device index) -> compiled kernel. A dict lookup costs ~0.4 us, against

@@ -241,6 +241,11 @@ def test_kernels_compile(arch, config):
     assert "setmaxnreg" not in source  # sm_120 has no setmaxnreg
 
 
+def test_parallel_precompile_runs_on_a_cpu_machine():
+    """The GPU fixtures and the tuner rely on it; here it must work without a GPU."""
+    nv.precompile({(384, 768, nv.FragConfig(16, 128, 128, split_k=2, stages=2))}, "sm_120")
+
+
 # ---------------------------------------------------------------- GPU
 
 
