@@ -354,10 +354,16 @@ class KernelShape(NamedTuple):
     warps_n: int
     stages: int
     split_k: int
+    warps_k: int = 1  # warps splitting each k tile between them (reduced through shared memory)
+
+    @property
+    def group_threads(self) -> int:
+        """Threads of one k group: the warps_m x warps_n warps that cover the tile once."""
+        return 32 * self.warps_m * self.warps_n
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return self.group_threads * self.warps_k
 
     @property
     def m16_tiles_per_warp(self) -> int:
@@ -367,20 +373,24 @@ class KernelShape(NamedTuple):
     def n32_blocks_per_warp(self) -> int:
         return self.block_n // self.warps_n // FRAG_N
 
+    def reduction_bytes(self) -> int:
+        """The FP32 accumulators k groups 1.. hand to group 0 at the end."""
+        return (self.warps_k - 1) * self.group_threads * self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16 * 4
+
     def shared_bytes(self) -> int:
         per_stage = self.block_m * self.block_k * 2 + self.block_n * self.block_k // 2
         per_stage += self.block_n * self.block_k // SCALE_BLOCK
-        return self.stages * per_stage + (16 if self.split_k > 1 else 0)
+        return self.stages * per_stage + self.reduction_bytes() + (16 if self.split_k > 1 else 0)
 
 
 class WarpTile(NamedTuple):
     """The warp-level pieces every kernel of this family shares, for one :class:`KernelShape`.
 
-    ``mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n)`` (a macro)
-    accumulates one k tile: ``x_at(row, col)``, ``code_at(nb, kb, word)`` and ``scale_at(nb, kb, word)``
-    return the shared-memory elements of the tile's x, code and scale buffers (so the caller picks the
-    pipeline stage). ``store_output(acc, y, alpha_x128, row0, col0, m)`` (a macro) scales the
-    accumulators by ``alpha * 2^7`` and writes the rows below ``m``. Accumulator ``q`` of a thread sits
+    ``mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n, warp_k)`` (a macro)
+    accumulates k group ``warp_k``'s share of one k tile: ``x_at(row, col)``, ``code_at(nb, kb, word)``
+    and ``scale_at(nb, kb, word)`` return the shared-memory elements of the tile's x, code and scale
+    buffers (so the caller picks the pipeline stage). ``store_output(acc, y, alpha_x128, row0, col0, m)``
+    (a macro) scales the accumulators by ``alpha * 2^7`` and writes the rows below ``m``. Accumulator ``q`` of a thread sits
     at row ``row0 + acc_row(q)``, column ``col0 + acc_col(q)``, with ``(row0, col0) = origin(...)``.
     """
 
@@ -397,6 +407,7 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 
     mt, nbw = shape.m16_tiles_per_warp, shape.n32_blocks_per_warp
     warp_rows = shape.block_m // shape.warps_m
+    kb_per_group = shape.block_k // FRAG_K // shape.warps_k
     acc_size = mt * nbw * 4 * 4  # m16 tiles x n32 blocks x four n8 tiles x four floats
 
     def acc_index(mi, i, j, c):  # accumulator c of n8 tile j in fragment block i of row tile mi
@@ -416,8 +427,9 @@ def warp_tile(shape: KernelShape) -> WarpTile:
         return row0, col0
 
     @T.macro
-    def mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n):
-        for kb in T.unroll(shape.block_k // FRAG_K):
+    def mma_k_tile(x_at, code_at, scale_at, a_frag, b_frag, acc, lane, warp_m, warp_n, warp_k):
+        for kb_of_group in T.unroll(kb_per_group):
+            kb = warp_k * kb_per_group + kb_of_group
             # A fragments of both k16 steps for every row tile (ldmatrix.x4: lane l points at
             # row l % 16, column 8 * (l // 16) of a 16x16 tile).
             for s, mi in T.grid(2, mt):
@@ -454,6 +466,42 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
 
+def split_k_exchange(n: int, split_k: int, acc_size: int):
+    """The deterministic split-K reduction the kernels of this family share, as a macro.
+
+    ``exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
+    ``owner`` threads write accumulator ``q`` (output element ``row_of(q), col_of(q)``, rows below
+    ``m`` only: at M = 1 that is 1/16 of a padded tile) to FP32 partials ``[split_k, m, n]``; the CTA
+    that takes the last ticket of ``tile`` reads every split back in split order (its own included),
+    so the sum does not depend on arrival order, and resets the ticket for the next launch. After
+    it, ``ticket[0] == split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``.
+    """
+    import tilelang.language as T
+
+    @T.macro
+    def exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
+        for q in T.unroll(acc_size):
+            if owner and row_of(q) < m:
+                partials[(split_index * m + row_of(q)) * n + col_of(q)] = acc[q]
+        T.evaluate(T.call_extern("handle", "__threadfence"))
+        T.sync_threads()
+        if tx == 0:
+            ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
+        T.sync_threads()
+        if ticket[0] == split_k - 1 and owner:
+            T.evaluate(T.call_extern("handle", "__threadfence"))
+            for q in T.unroll(acc_size):
+                acc[q] = 0.0
+                if row_of(q) < m:
+                    for sk in T.serial(split_k):
+                        at = (sk * m + row_of(q)) * n + col_of(q)
+                        acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+            if tx == 0:
+                tickets[tile] = 0
+
+    return exchange
+
+
 class Operands(NamedTuple):
     """The tensor types every kernel of this family takes, for an ``N x K`` weight and ``M`` rows."""
 
@@ -481,9 +529,11 @@ def build_kernel(n: int, k: int, shape: KernelShape):
 
     Grid: (N / block_n, split_k, ceil(M / block_m)). Each CTA streams its K range through a
     ``T.Pipelined`` cp.async pipeline (x tile, code blocks, scale blocks); each warp owns
-    ``m16_tiles_per_warp`` row tiles and ``n32_blocks_per_warp`` fragment blocks. With split_k > 1
-    the CTAs write FP32 partials; the last to arrive (an atomic ticket) sums them in a fixed order,
-    so results are bit-identical from call to call, and resets the ticket.
+    ``m16_tiles_per_warp`` row tiles and ``n32_blocks_per_warp`` fragment blocks. With warps_k > 1 the
+    CTA holds that many such warp groups, each taking a slice of every k tile (more warps per SM hide
+    more latency when the tiles alone give each scheduler one warp); group 0 adds the others'
+    accumulators, in group order, from shared memory. With split_k > 1
+    the CTAs exchange FP32 partials (``split_k_exchange``): bit-identical results from call to call.
     """
     import tilelang.language as T
     from tilelang.layout import make_swizzled_layout
@@ -491,6 +541,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     bm_, bn_, bk_, split_k = shape.block_m, shape.block_n, shape.block_k, shape.split_k
     k_tiles = k // split_k // bk_
     wt = warp_tile(shape)
+    exchange = split_k_exchange(n, split_k, wt.acc_size)
     M = T.dynamic("m")
     P = T.dynamic("partials_len")
     NT = T.dynamic("tickets_len")
@@ -517,8 +568,10 @@ def build_kernel(n: int, k: int, shape: KernelShape):
             T.annotate_layout({x_tile: make_swizzled_layout(x_tile)})
             tx = T.get_thread_binding()
             lane = tx % 32
-            warp_m = tx // 32 // shape.warps_n
-            warp_n = tx // 32 % shape.warps_n
+            group_tx = tx % shape.group_threads
+            warp_m = group_tx // 32 // shape.warps_n
+            warp_n = group_tx // 32 % shape.warps_n
+            warp_k = tx // shape.group_threads
             for q in T.unroll(wt.acc_size):
                 acc[q] = 0.0
             for ko in T.Pipelined(k_tiles, num_stages=shape.stages):
@@ -531,36 +584,30 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                     lambda r, c: x_tile[r, c],
                     lambda nb, kb, w: code_tile[nb, kb, w],
                     lambda nb, kb, w: scale_tile[nb, kb, w],
-                    a_frag, b_frag, acc, lane, warp_m, warp_n,
+                    a_frag, b_frag, acc, lane, warp_m, warp_n, warp_k,
                 )  # fmt: skip
+            if shape.warps_k > 1:
+                # Thread-fastest order: the stores and loads of a warp hit 32 different banks.
+                handoff = T.alloc_shared((shape.warps_k - 1, wt.acc_size, shape.group_threads), T.float32)
+                if warp_k > 0:
+                    for q in T.unroll(wt.acc_size):
+                        handoff[warp_k - 1, q, group_tx] = acc[q]
+                T.sync_threads()
+                if warp_k == 0:
+                    for g, q in T.grid(shape.warps_k - 1, wt.acc_size):
+                        acc[q] += handoff[g, q, group_tx]
             row0, col0 = wt.origin(bm, bn, lane, warp_m, warp_n)
             if split_k == 1:
-                wt.store_output(acc, y, alpha_x128, row0, col0, M)
-            else:
-                # Partials [split_k, M, N]: only real rows travel (at M = 1, 1/16 of a padded tile).
-                ticket = T.alloc_shared((1,), T.int32)
-                tile = bm * (n // bn_) + bn
-                for q in T.unroll(wt.acc_size):
-                    if row0 + wt.acc_row(q) < M:
-                        partials[(bk * M + row0 + wt.acc_row(q)) * n + col0 + wt.acc_col(q)] = acc[q]
-                T.evaluate(T.call_extern("handle", "__threadfence"))
-                T.sync_threads()
-                if tx == 0:
-                    ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
-                T.sync_threads()
-                if ticket[0] == split_k - 1:
-                    # The last CTA of this tile sums every split's partials in split order
-                    # (its own included, read back), so the result does not depend on arrival order.
-                    T.evaluate(T.call_extern("handle", "__threadfence"))
-                    for q in T.unroll(wt.acc_size):
-                        acc[q] = 0.0
-                        if row0 + wt.acc_row(q) < M:
-                            for sk in T.serial(split_k):
-                                at = (sk * M + row0 + wt.acc_row(q)) * n + col0 + wt.acc_col(q)
-                                acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+                if warp_k == 0:
                     wt.store_output(acc, y, alpha_x128, row0, col0, M)
-                    if tx == 0:
-                        tickets[tile] = 0
+            else:
+                ticket = T.alloc_shared((1,), T.int32)
+                exchange(
+                    acc, lambda q: row0 + wt.acc_row(q), lambda q: col0 + wt.acc_col(q),
+                    partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0,
+                )  # fmt: skip
+                if ticket[0] == split_k - 1 and warp_k == 0:
+                    wt.store_output(acc, y, alpha_x128, row0, col0, M)
 
     return nvfp4_w4a16_gemm
 
@@ -579,9 +626,12 @@ class FragConfig(NamedTuple):
     block_k: int = 128
     split_k: int = 1
     stages: int = 4
+    warps_k: int = 1
 
     def kernel_shape(self) -> KernelShape:
-        return KernelShape(self.block_m, self.block_n, self.block_k, 1, self.block_n // FRAG_N, self.stages, self.split_k)
+        return KernelShape(
+            self.block_m, self.block_n, self.block_k, 1, self.block_n // FRAG_N, self.stages, self.split_k, self.warps_k
+        )
 
 
 class TileConfig(NamedTuple):
@@ -623,6 +673,8 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
             problems.append("block_m must be a multiple of 16 * warps_m")
         if s.block_n % (FRAG_N * s.warps_n) or n % s.block_n:
             problems.append(f"block_n must be a multiple of 32 * warps_n and divide N={n}")
+        if s.block_k % (FRAG_K * s.warps_k):
+            problems.append("block_k must be a multiple of 32 * warps_k")
         if s.block_k % FRAG_K or k % (s.block_k * s.split_k):
             problems.append(f"block_k must be a multiple of 32 and block_k * split_k must divide K={k}")
         elif k // (s.block_k * s.split_k) < s.stages:
@@ -770,16 +822,21 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[device.index]
 
 
+def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, tickets)`` for a launch: FP32 partials ``[split_k, M, N]`` (a stand-in without a
+    split) and the device's self-resetting tickets."""
+    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
+    if split_k == 1:
+        return ws.no_partials, ws.tickets
+    if split_k * x.shape[0] * w.n >= 2**31:
+        raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} exceed 32-bit offsets")
+    return torch.empty(split_k * x.shape[0] * w.n, dtype=torch.float32, device=x.device), ws.tickets
+
+
 def launch(x: torch.Tensor, w: NVFP4W4A16Weight, config: Config, out: torch.Tensor) -> None:
     """One launch of the fragment or tile kernel on checked inputs (at most 1024 rows)."""
-    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
-    shape = config.kernel_shape()
-    partials = ws.no_partials
-    if shape.split_k > 1:
-        if shape.split_k * x.shape[0] * w.n >= 2**31:
-            raise ValueError(f"config: split_k={shape.split_k} partials of {x.shape[0]}x{w.n} exceed 32-bit offsets")
-        partials = torch.empty(shape.split_k * x.shape[0] * w.n, dtype=torch.float32, device=x.device)
-    _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets)
+    partials, tickets = split_k_buffers(x, w, config.kernel_shape().split_k)
+    _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)
 
 
 def run_linear(x, w, config, out, pick_config, launchers: dict) -> torch.Tensor:

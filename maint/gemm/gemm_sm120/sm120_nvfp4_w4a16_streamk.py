@@ -12,7 +12,8 @@ Everything else is the example's: the prepared layout, the register dequant, the
 
 1. ``StreamKConfig`` and the stream-K kernel (a hand-written cp.async stage loader: ``T.Pipelined``
    cannot express a loop whose k range is known only at run time);
-2. the stream-K heuristic, which falls back to the example's heuristic when the ranges are short;
+2. the stream-K heuristic, which falls back to the example's heuristic when the ranges are short,
+   and on sm_90 the Hopper wgmma kernel's heuristic (``maint/gemm/gemm_sm90``) before both;
 3. tuned tables keyed by the GPU (compute capability and SM count), stored as JSON beside this file;
 4. ``nvfp4_w4a16_linear``: the example's signature, consulting the tuned table first.
 """
@@ -61,8 +62,8 @@ class StreamKConfig(NamedTuple):
         return example.KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, 1)
 
 
-# WgmmaConfig (maint/gemm/gemm_sm90) runs on sm_90 only: explicit configs and sm_90 tables may name
-# it; no heuristic here returns it, so sm_120 never sees it.
+# WgmmaConfig (maint/gemm/gemm_sm90) runs on sm_90 only: explicit configs, sm_90 tables and the
+# sm_90 branch of heuristic_config name it, so sm_120 never sees it.
 AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
 CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
@@ -211,7 +212,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
                     lambda r, c: x_tiles[stage, r, x_swizzled(r, c)],
                     lambda nb, kb, w: code_tiles[stage, nb, kb, w],
                     lambda nb, kb, w: scale_tiles[stage, nb, kb, w],
-                    a_frag, b_frag, acc, lane, warp_m, warp_n,
+                    a_frag, b_frag, acc, lane, warp_m, warp_n, 0,
                 )  # fmt: skip
                 tile = it // k_tiles
                 if it % k_tiles == k_tiles - 1 or it == end - 1:  # this CTA's piece of `tile` ends
@@ -272,6 +273,18 @@ STREAMK_PASS_CONFIGS = {
 }
 
 
+def check_any_config(config: AnyConfig, n: int, k: int, arch: str) -> None:
+    """Raise ``ValueError`` unless ``config`` (any kernel's) divides an ``n x k`` weight and runs on ``arch``."""
+    if isinstance(config, hopper.WgmmaConfig):
+        if arch != "sm_90":
+            raise ValueError(f"config {config}: the wgmma kernel runs on sm_90 only, not {arch}")
+        hopper.check_wgmma_config(config, n, k)
+    elif isinstance(config, StreamKConfig):
+        check_streamk_config(config, n, k, smem_per_sm(arch))
+    else:
+        example.check_config(config, n, k)
+
+
 def compile_any(n: int, k: int, config: AnyConfig, arch: str):
     """Compile whichever kernel ``config`` names (the wgmma kernel always for sm_90a)."""
     if isinstance(config, hopper.WgmmaConfig):
@@ -327,6 +340,16 @@ def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyCon
     if iterations < MIN_STREAMK_ITERATIONS_PER_CTA * sm_count:
         return base
     return StreamKConfig(shape.block_m, shape.block_n, shape.block_k, shape.warps_m, shape.warps_n, base.stages, 1)
+
+
+def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
+    """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape, else
+    the stream-K heuristic (which falls back to the example's). Other archs never get wgmma."""
+    if arch == "sm_90":
+        config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
+        if config is not None:
+            return config
+    return get_streamk_config(m, n, k, sm_count=sm_count)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,10 +419,10 @@ LAUNCHERS = {
 
 
 def pick_config(rows: int, w: NVFP4W4A16Weight) -> AnyConfig:
-    """The tuned table of this GPU first, then the stream-K heuristic."""
+    """The tuned table of this GPU first, then the heuristics."""
     config = tuned_config(rows, w.n, w.k, gpu_key(w.device))
     if config is None:
-        config = get_streamk_config(rows, w.n, w.k, sm_count=example.sm_count(w.device))
+        config = heuristic_config(rows, w.n, w.k, arch=example.device_arch(w.device), sm_count=example.sm_count(w.device))
     return config
 
 

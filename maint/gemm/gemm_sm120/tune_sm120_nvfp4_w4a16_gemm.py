@@ -1,6 +1,6 @@
 """Tuner: build the tuned table for the GPU it runs on.
 
-For each shape and M breakpoint it times candidate configs (fragment, tile and stream-K) with the
+For each shape and M breakpoint it times candidate configs (fragment, tile, stream-K and, on sm_90, wgmma) with the
 benchmark's timer (CUDA-graph replay over >= 512 MB of rotated weights, separator subtracted), checks
 the winner against the FP32 reference, and writes one entry per run of breakpoints that share a
 winner to ``tuned/<key>.json`` (key: compute capability and SM count). ``--update`` keeps the entries
@@ -27,48 +27,45 @@ nv = maint.example
 
 def fits(config, n: int, k: int, arch: str) -> bool:
     try:
-        if isinstance(config, maint.hopper.WgmmaConfig):
-            if arch != "sm_90":
-                return False
-            maint.hopper.check_wgmma_config(config, n, k)
-        elif isinstance(config, maint.StreamKConfig):
-            maint.check_streamk_config(config, n, k, maint.smem_per_sm(arch))
-        else:
-            nv.check_config(config, n, k)
+        maint.check_any_config(config, n, k, arch)
         return True
     except ValueError:
         return False
 
 
-MAX_TUNED_STAGES = 8
-
-
-def deepest(config, n: int, k: int, arch: str):
-    """``config`` with the deepest cp.async pipeline (up to 8 stages) that still fits, or None.
-    Deeper pipelines keep more weight bytes in flight, which is what small M is short of."""
-    for stages in range(MAX_TUNED_STAGES, 1, -1):
-        if fits(config._replace(stages=stages), n, k, arch):
-            return config._replace(stages=stages)
-    return None
+# What the candidates vary, from the H200 sweeps of 2026-11-29 (NOTES.md): the split (what fills the
+# SMs), a second k group of warps, and for Hopper the wgmma kernel's x block. Deeper cp.async
+# pipelines than the heuristic's 3-4 stages measured slower (M = 1 is bound by issue, not bytes in
+# flight), so the tuner does not spend compiles on them.
+FRAG_SPLITS = (1, 2, 4, 8)
+FRAG_WARPS_K = (1, 2)
+STREAMK_CTAS_PER_SM = (1, 2)
+WGMMA_MIN_M = 48  # below this the x block would be mostly padding; the fragment kernel wins there
+WGMMA_STAGES = (3, 4)
+WGMMA_SPLITS = (2, 4, 8)  # N = 5120 gives only 40 tiles per x block
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (about a dozen: compiling is the tuner's cost): the example's
-    heuristic choice, its tile shape with deeper pipelines and other splits, and stream-K over it."""
+    """Configs worth timing at this M (about ten; compiling is the tuner's cost): both heuristics'
+    choices, the fragment kernel over every split with one or two k groups, stream-K over the
+    heuristic's tile, and on sm_90 the wgmma kernel."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
-    out = [heuristic]
+    out = [heuristic, maint.get_streamk_config(m, n, k, sm_count=sm_count)]
     if isinstance(heuristic, nv.FragConfig):
-        for block_n, splits in [(128, (1, 2, 4, 8)), (256, (1, 2, 4))]:
-            out += [deepest(nv.FragConfig(s.block_m, block_n, 128, split, 2), n, k, arch) for split in splits]
+        out += [heuristic._replace(split_k=split, warps_k=wk) for split in FRAG_SPLITS for wk in FRAG_WARPS_K]
+        if s.block_m >= maint.STREAMK_MIN_BLOCK_M:
+            out += [maint.StreamKConfig(s.block_m, s.block_n, s.block_k, 1, s.warps_n, s.stages, c) for c in STREAMK_CTAS_PER_SM]
     else:
-        out += [deepest(heuristic._replace(split_k=split), n, k, arch) for split in (1, 2)]
-        out.append(nv.TileConfig(128, 128, 64, 2, 2, 1, 4))
-    out += [deepest(maint.StreamKConfig(s.block_m, s.block_n, s.block_k, s.warps_m, s.warps_n, 2, c), n, k, arch) for c in (1, 2)]
-    if arch == "sm_90":  # the Hopper wgmma kernel: x rows per CTA cover M up to 128
-        out += [deepest(maint.hopper.WgmmaConfig(min(128, 16 * math.ceil(m / 16)), maint.hopper.SWIZZLE_K, 2), n, k, arch)]
-    return [c for c in dict.fromkeys(out) if c is not None and fits(c, n, k, arch)]
+        out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
+    if arch == "sm_90" and m >= WGMMA_MIN_M:
+        hopper = maint.hopper
+        out.append(hopper.get_wgmma_config(max(m, hopper.HEURISTIC_MIN_M), n, k, sm_count=sm_count))
+        for bx in (64, 128) if m > 64 else (64,):
+            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, st) for st in WGMMA_STAGES]
+            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
+    return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress) -> list:

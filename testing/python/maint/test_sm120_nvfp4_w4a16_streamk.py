@@ -86,12 +86,7 @@ TABLE_ENTRIES = [(path.stem, e) for path in TABLES for e in json.loads(path.read
 
 @pytest.mark.parametrize("key, entry", TABLE_ENTRIES, ids=[f"{k}-{e['n']}x{e['k']}-{e['m_min']}" for k, e in TABLE_ENTRIES])
 def test_tuned_entries_fit_and_divide(key, entry):
-    config = sk.config_from_json(entry)
-    smem_per_sm = sk.SM90_SMEM_PER_SM if key.startswith("sm_90") else nv.SM120_SMEM_PER_SM
-    if isinstance(config, sk.StreamKConfig):
-        sk.check_streamk_config(config, entry["n"], entry["k"], smem_per_sm)
-    else:
-        nv.check_config(config, entry["n"], entry["k"])
+    sk.check_any_config(sk.config_from_json(entry), entry["n"], entry["k"], key.split("-")[0])
     assert 1 <= entry["m_min"] <= entry["m_max"] <= nv.MAX_M_PER_LAUNCH
 
 
@@ -181,8 +176,10 @@ def precompiled_streamk_kernels():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     major, minor = torch.cuda.get_device_capability()
     cases = {(n, k, c) for _, n, k, c in STREAMK_CASES} | {(5120, 6144, c) for c in GRAPH_CONFIGS.values()}
-    cases |= {(n, k, sk.get_streamk_config(m, n, k, sm_count=sms)) for m, n, k in DISPATCH_CASES}
-    nv.precompile(cases, f"sm_{major}{minor}", sk.compile_any)
+    key, arch = sk.gpu_key(torch.device("cuda")), f"sm_{major}{minor}"
+    dispatched = [sk.tuned_config(m, n, k, key) or sk.heuristic_config(m, n, k, arch=arch, sm_count=sms) for m, n, k in DISPATCH_CASES]
+    cases |= {(n, k, c) for (_, n, k), c in zip(DISPATCH_CASES, dispatched)}
+    nv.precompile(cases, arch, sk.compile_any)
 
 
 @needs_gpu

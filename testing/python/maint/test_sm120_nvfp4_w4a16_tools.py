@@ -58,7 +58,12 @@ def test_tuner_candidates_fit(arch, m):
     for n, k in [(5120, 6144), (640, 2304), (34816, 5120)]:
         configs = tune.candidates(m, n, k, arch)
         assert configs and len(configs) == len(set(configs))
-        assert any(isinstance(c, sk.StreamKConfig) for c in configs)
+        kinds = {type(c) for c in configs}
+        # Stream-K only over 48/64-row fragment tiles (the only place it won); wgmma only on sm_90.
+        fragment_rows = nv.get_config(m, n, k).kernel_shape().block_m if m <= nv.FRAG_MAX_M else 0
+        assert sk.StreamKConfig not in kinds or fragment_rows >= sk.STREAMK_MIN_BLOCK_M
+        assert (sk.StreamKConfig in kinds) or fragment_rows < sk.STREAMK_MIN_BLOCK_M or n != 34816
+        assert (sk.hopper.WgmmaConfig in kinds) == (arch == "sm_90" and m >= tune.WGMMA_MIN_M)
         for c in configs:
             assert tune.fits(c, n, k, arch)
 

@@ -25,10 +25,14 @@ def test_compiles_for_sm90a(config):
     assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
 
 
-def test_never_chosen_by_a_heuristic():
+def test_heuristic_picks_it_on_sm90_only():
     for n, k in [(16384, 5120), (5120, 6144), (640, 2304)]:
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
-            assert not isinstance(sk.get_streamk_config(m, n, k, sm_count=188), wg.WgmmaConfig)
+            assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), wg.WgmmaConfig)
+            on_hopper = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            assert isinstance(on_hopper, wg.WgmmaConfig) == (m >= wg.HEURISTIC_MIN_M)
+            if isinstance(on_hopper, wg.WgmmaConfig):
+                wg.check_wgmma_config(on_hopper, n, k)
 
 
 def test_tuner_offers_it_only_on_sm90():
@@ -51,25 +55,41 @@ def test_bad_configs(config):
         wg.check_wgmma_config(config, 4096, 4096)
 
 
+SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3), wg.WgmmaConfig(64, 64, 3, split_k=2)]
+GRAPH_CONFIGS = [wg.WgmmaConfig(96, 64, 3), wg.WgmmaConfig(96, 64, 3, split_k=4)]
+REFERENCE_CASES = [
+    (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
+    (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
+    (64, 4096, 4096, wg.WgmmaConfig(64, 64, 3)),
+    (200, 5120, 6144, wg.WgmmaConfig(128, 64, 3)),
+    (1024, 4096, 4096, wg.WgmmaConfig(128, 64, 3)),
+    (1100, 640, 2304, wg.WgmmaConfig(64, 64, 4)),
+    (1, 4096, 4096, wg.WgmmaConfig(16, 64, 3, split_k=8)),
+    (64, 5120, 6144, wg.WgmmaConfig(64, 64, 3, split_k=4)),
+    (300, 640, 2304, wg.WgmmaConfig(128, 64, 4, split_k=2)),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled_wgmma_kernels():
+    """Compile the GPU tests' kernels in parallel first (TileLang's disk cache turns each in-test
+    compile into a load). Correctness does not depend on it."""
+    if ON_SM90:
+        configs = {(n, k, c) for _, n, k, c in REFERENCE_CASES}
+        configs |= {(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS} | {(5120, 6144, c) for c in GRAPH_CONFIGS}
+        nv.precompile(configs, "sm_90", sk.compile_any)
+
+
 @needs_sm90
-@pytest.mark.parametrize(
-    "m, n, k, config",
-    [
-        (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
-        (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
-        (64, 4096, 4096, wg.WgmmaConfig(64, 64, 3)),
-        (200, 5120, 6144, wg.WgmmaConfig(128, 64, 3)),
-        (1024, 4096, 4096, wg.WgmmaConfig(128, 64, 3)),
-        (1100, 640, 2304, wg.WgmmaConfig(64, 64, 4)),
-    ],
-)
+@pytest.mark.parametrize("m, n, k, config", REFERENCE_CASES)
 def test_matches_reference(m, n, k, config):
     result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
     assert result["ok"], result
 
 
 @needs_sm90
-def test_zero_negative_subnormal_scales_with_per_column_alpha():
+@pytest.mark.parametrize("config", SPECIAL_SCALE_CONFIGS)
+def test_zero_negative_subnormal_scales_with_per_column_alpha(config):
     n, k = 1024, 2048
     g = torch.Generator().manual_seed(11)
     packed, scales, _ = nv.random_nvfp4_weight(n, k, generator=g)
@@ -83,14 +103,14 @@ def test_zero_negative_subnormal_scales_with_per_column_alpha():
     w = nv.prepare_nvfp4_weight(packed, scales, alpha)
     for m in (1, 64, 300):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        result = nv.compare_with_reference(sk.nvfp4_w4a16_linear(x, w, wg.WgmmaConfig(64, 64, 3)), nv.reference_nvfp4_linear(x, packed, scales, alpha))
+        result = nv.compare_with_reference(sk.nvfp4_w4a16_linear(x, w, config), nv.reference_nvfp4_linear(x, packed, scales, alpha))
         assert result["ok"], result
 
 
 @needs_sm90
-def test_graph_replays_match_eager():
+@pytest.mark.parametrize("config", GRAPH_CONFIGS)
+def test_graph_replays_match_eager(config):
     n, k, m = 5120, 6144, 96
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
-    config = wg.WgmmaConfig(96, 64, 3)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
