@@ -185,6 +185,8 @@ def cpu_weight():
         (dict(config=nv.FragConfig(block_m=80)), ValueError, "block_m"),
         (dict(config=nv.FragConfig(block_n=256)), ValueError, "divide N"),
         (dict(config=nv.FragConfig(block_k=128, split_k=4)), ValueError, "divide K"),
+        (dict(config=nv.FragConfig(block_k=128, warps_k=3)), ValueError, "warps_k"),
+        (dict(config=nv.FragConfig(block_k=256, warps_k=8)), ValueError, "16 warps"),
         (dict(config=nv.TileConfig(block_m=256, block_k=128)), ValueError, "shared memory"),
         (dict(x=torch.zeros(4, 256, dtype=torch.bfloat16)), ValueError, "CUDA device"),
     ],
@@ -229,11 +231,15 @@ def test_split_k_fills_the_gpu_at_decode_sizes():
 # ---------------------------------------------------------------- CPU: compiling for both archs
 
 
-COMPILE_CONFIGS = [nv.FragConfig(16, 128, 128, split_k=4, stages=4), nv.TileConfig(128, 128, 64, 2, 2, split_k=1, stages=4)]
+COMPILE_CONFIGS = [
+    nv.FragConfig(16, 128, 128, split_k=4, stages=4),
+    nv.FragConfig(16, 128, 128, split_k=2, stages=3, warps_k=4),
+    nv.TileConfig(128, 128, 64, 2, 2, split_k=1, stages=4),
+]
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-@pytest.mark.parametrize("config", COMPILE_CONFIGS, ids=["fragment_splitk", "tile"])
+@pytest.mark.parametrize("config", COMPILE_CONFIGS, ids=["fragment_splitk", "fragment_warps_k_splitk", "tile"])
 def test_kernels_compile(arch, config):
     kernel = nv.compile_kernel(5120, 6144, config, arch)
     source = kernel.get_kernel_source()
@@ -261,6 +267,9 @@ EXPLICIT_CONFIGS = [
     (33, nv.FragConfig(48, 256, 64, split_k=2, stages=3)),
     (96, nv.FragConfig(64, 128, 64, split_k=4, stages=4)),
     (7, nv.FragConfig(32, 32, 256, split_k=8, stages=2)),
+    (1, nv.FragConfig(16, 128, 128, split_k=1, stages=4, warps_k=4)),  # four k groups, reduced in shared memory
+    (17, nv.FragConfig(32, 128, 128, split_k=2, stages=3, warps_k=2)),  # k groups and split-K together
+    (70, nv.FragConfig(64, 128, 128, split_k=1, stages=2, warps_k=2)),
     (200, nv.TileConfig(64, 128, 64, 2, 2, split_k=4, stages=4)),
     (300, nv.TileConfig(128, 256, 64, 2, 4, split_k=1, stages=3)),
     (129, nv.TileConfig(128, 128, 64, 2, 2, split_k=2, stages=4)),
