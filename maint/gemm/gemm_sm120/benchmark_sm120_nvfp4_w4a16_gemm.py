@@ -135,6 +135,26 @@ def summarize(result: dict) -> dict:
     return dict(sorted(totals.items()))
 
 
+M_BANDS = ((1, 16), (32, 96), (128, 256), (384, 1024))  # decode, small and large batches, prefill-sized
+
+
+def marlin_ratios_by_band(result: dict) -> dict:
+    """Per shape and M band, (min, median) over the band's cells of Marlin's time / ours (> 1: we are
+    faster), fastest rounds. How a shape without a tuned entry fares under the heuristics."""
+    bands: dict = {}
+    for cell in result["cells"]:
+        if "marlin" not in cell["rounds"]:
+            continue
+        for low, high in M_BANDS:
+            if low <= cell["m"] <= high:
+                ratio = min(cell["rounds"]["marlin"]) / min(cell["rounds"]["ours"])
+                bands.setdefault((cell["n"], cell["k"]), {}).setdefault((low, high), []).append(ratio)
+    return {
+        shape: {band: (min(r), statistics.median(r)) for band, r in sorted(per_band.items())}
+        for shape, per_band in bands.items()
+    }
+
+
 def print_report(result: dict) -> None:
     totals = summarize(result)
     names = list(next(iter(totals.values()))["fastest"])
@@ -150,6 +170,9 @@ def print_report(result: dict) -> None:
         ratios = sorted((min(c["rounds"]["marlin"]) / min(c["rounds"]["ours"]), c["n"], c["k"], c["m"]) for c in result["cells"])
         print(f"worst cell against Marlin: {ratios[0][0]:.2f}x at {ratios[0][1]}x{ratios[0][2]} M={ratios[0][3]}; "
               f"cells where we lose: {[(n, k, m) for r, n, k, m in ratios if r < 1.0]}")  # fmt: skip
+        print("against Marlin per shape and M band, min / median of the cells:")
+        for (n, k), per_band in marlin_ratios_by_band(result).items():
+            print(f"  {n}x{k}: " + "  ".join(f"M {lo}-{hi} {a:.2f}x / {b:.2f}x" for (lo, hi), (a, b) in per_band.items()))
     failed = [(c["n"], c["k"], c["m"], name) for c in result["cells"] for name, v in c.get("verify", {}).items() if not v["ok"]]
     if any("verify" in c for c in result["cells"]):
         print(f"verify: {'all cells pass' if not failed else 'FAILED ' + str(failed)}")

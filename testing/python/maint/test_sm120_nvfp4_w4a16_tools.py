@@ -45,6 +45,13 @@ def test_report_names_the_cells_we_lose(capsys):
     assert "cells where we lose: [(5120, 6144, 256), (16384, 5120, 256)]" in out  # worst ratio first
 
 
+def test_marlin_ratios_by_m_band():
+    bands = bench.marlin_ratios_by_band(fake_result())
+    # Fastest rounds: M = 1 is Marlin 20 / ours 10; M = 256 is Marlin 20 / ours 265 (bands 1-16 and 128-256).
+    assert bands[(16384, 5120)] == {(1, 16): (2.0, 2.0), (128, 256): (20.0 / 265.0, 20.0 / 265.0)}
+    assert set(bands) == {(16384, 5120), (5120, 6144)}
+
+
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "plot.png"
