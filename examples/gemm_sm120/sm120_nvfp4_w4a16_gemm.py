@@ -403,6 +403,20 @@ class WarpTile(NamedTuple):
     store_output: object
 
 
+def scaled_store(acc_size: int):
+    """``store(acc, row_of, col_of, y, alpha_x128, m)`` (a macro): accumulator ``q`` times
+    ``alpha * 2^7`` of its column, as BF16, to ``y[row_of(q), col_of(q)]``, rows below ``m`` only."""
+    import tilelang.language as T
+
+    @T.macro
+    def store(acc, row_of, col_of, y, alpha_x128, m):
+        for q in T.unroll(acc_size):
+            if row_of(q) < m:
+                y[row_of(q), col_of(q)] = T.cast(acc[q] * alpha_x128[col_of(q)], T.bfloat16)
+
+    return store
+
+
 def warp_tile(shape: KernelShape) -> WarpTile:
     import tilelang.language as T
 
@@ -458,11 +472,11 @@ def warp_tile(shape: KernelShape) -> WarpTile:
                         False,
                     )  # fmt: skip
 
+    store = scaled_store(acc_size)
+
     @T.macro
     def store_output(acc, y, alpha_x128, row0, col0, m):
-        for q in T.unroll(acc_size):
-            if row0 + acc_row(q) < m:
-                y[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[col0 + acc_col(q)], T.bfloat16)
+        store(acc, lambda q: row0 + acc_row(q), lambda q: col0 + acc_col(q), y, alpha_x128, m)
 
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
@@ -504,13 +518,16 @@ def split_k_exchange(n: int, split_k: int, acc_size: int):
 
 
 class Operands(NamedTuple):
-    """The tensor types every kernel of this family takes, for an ``N x K`` weight and ``M`` rows."""
+    """The tensor types every kernel of this family takes, for an ``N x K`` weight and ``M`` rows:
+    the operands, then the split-K workspace (FP32 partials and tickets, sized by the launcher)."""
 
     x: object
     codes: object
     scales: object
     alpha_x128: object
     y: object
+    partials: object
+    tickets: object
 
 
 def operands(n: int, k: int, m) -> Operands:
@@ -522,6 +539,8 @@ def operands(n: int, k: int, m) -> Operands:
         scales=T.Tensor((n // FRAG_N, k // FRAG_K, SCALE_WORDS_PER_BLOCK), T.int32),
         alpha_x128=T.Tensor((n,), T.float32),
         y=T.Tensor((m, n), T.bfloat16),
+        partials=T.Tensor((T.dynamic("partials_len"),), T.float32),
+        tickets=T.Tensor((T.dynamic("tickets_len"),), T.int32),
     )
 
 
@@ -545,8 +564,6 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     wt = warp_tile(shape)
     exchange = split_k_exchange(n, split_k, wt.acc_size)
     M = T.dynamic("m")
-    P = T.dynamic("partials_len")
-    NT = T.dynamic("tickets_len")
     ops = operands(n, k, M)
 
     @T.prim_func
@@ -556,8 +573,8 @@ def build_kernel(n: int, k: int, shape: KernelShape):
         scales: ops.scales,
         alpha_x128: ops.alpha_x128,
         y: ops.y,
-        partials: T.Tensor((P,), T.float32),
-        tickets: T.Tensor((NT,), T.int32),
+        partials: ops.partials,
+        tickets: ops.tickets,
     ):
         with T.Kernel(n // bn_, split_k, T.ceildiv(M, bm_), threads=shape.threads) as (bn, bk, bm):
             x_tile = T.alloc_shared((bm_, bk_), T.bfloat16)

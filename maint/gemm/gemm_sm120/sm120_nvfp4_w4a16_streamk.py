@@ -152,8 +152,6 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
         T.async_copy(scales[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], scale_tiles[stage, :, :, :])
 
     M = T.dynamic("m")
-    P = T.dynamic("partials_len")
-    NT = T.dynamic("tickets_len")
     ops = example.operands(n, k, M)
 
     @T.prim_func
@@ -163,8 +161,8 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
         scales: ops.scales,
         alpha_x128: ops.alpha_x128,
         y: ops.y,
-        partials: T.Tensor((P,), T.float32),
-        tickets: T.Tensor((NT,), T.int32),
+        partials: ops.partials,
+        tickets: ops.tickets,
         grid: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as g:

@@ -84,8 +84,6 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     acc_size = atoms * bx // 2  # per atom: bx / 8 column groups x 4 floats
     exchange = example.split_k_exchange(n, split_k, acc_size)
     M = T.dynamic("m")
-    P = T.dynamic("partials_len")
-    NT = T.dynamic("tickets_len")
 
     def set_b_layout(emitter, layout) -> None:
         emitter._assign_b_shared_layout(layout)
@@ -100,13 +98,11 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     def w_row(q, bn, lane, warp):
         return bn * rows + warp * 32 + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
+    store = example.scaled_store(acc_size)
+
     @T.macro
     def store_output(acc, y, alpha_x128, bm, bn, lane, warp, m):
-        for q in T.unroll(acc_size):
-            if x_row(q, bm, lane) < m:
-                y[x_row(q, bm, lane), w_row(q, bn, lane, warp)] = T.cast(
-                    acc[q] * alpha_x128[w_row(q, bn, lane, warp)], T.bfloat16
-                )
+        store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, m)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -115,8 +111,8 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         scales: ops.scales,
         alpha_x128: ops.alpha_x128,
         y: ops.y,
-        partials: T.Tensor((P,), T.float32),
-        tickets: T.Tensor((NT,), T.int32),
+        partials: ops.partials,
+        tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=128) as (bn, bk_index, bm):
             x_tile = T.alloc_shared((bx, bk), T.bfloat16)
