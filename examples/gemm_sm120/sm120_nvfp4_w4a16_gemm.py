@@ -36,6 +36,7 @@ import torch
 # E2M1 code -> value. Codes 8..15 are the same magnitudes negated (8 is -0).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 SCALE_BLOCK = 16  # one E4M3 scale per 16 consecutive K values
+WEIGHT_BYTES_PER_CODE = 9 / 16  # half a byte of code plus a sixteenth of a scale byte
 E4M3_MAX = 448.0  # largest finite E4M3 value
 E4M3_NAN_MAGNITUDE = 0x7F  # 0x7F and 0xFF are NaN in E4M3 (there is no infinity)
 
@@ -734,14 +735,15 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
-def _split_k(tiles: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
-    """Split K only when the output tiles would leave half of the SMs idle (the partials cost a
-    write and a read of FP32 per split); then double the split until there are
-    ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split."""
+def _split_k(tiles: int, m: int, n: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
+    """Split K only when the output tiles would leave half of the SMs idle; then double the split
+    until there are ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split and the
+    partials' traffic (an FP32 write and read of ``M x N`` per split) within the weight bytes."""
     split = 1
     while (
         2 * tiles < sm_count
         and tiles * split < target_ctas
+        and 2 * (split * 2) * m * n * 4 <= n * k * WEIGHT_BYTES_PER_CODE
         and split * 2 <= MAX_SPLIT_K
         and k % (block_k * split * 2) == 0
         and k // (block_k * split * 2) >= stages
@@ -754,8 +756,9 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
     """A shape-independent heuristic (no per-shape table; maint's tuned tables do that).
 
     M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
-    128 x 128 weight tiles, split-K to about two CTAs per SM where the tiles are too few (several
-    small CTAs stream per SM). Larger M: 64-row tiles over four warps (two where N % 256 != 0),
+    128 x 128 weight tiles (128 x 64 where only that lets split-K fill the SMs), split-K to about
+    two CTAs per SM where the tiles are too few (several small CTAs stream per SM), as long as the
+    FP32 partials cost less traffic than the weights. Larger M: 64-row tiles over four warps (two where N % 256 != 0),
     split-K to about one wave where the tiles are too few.
     Measured on the H200 (2026-11-29) against the other candidates of the same family.
     """
@@ -763,11 +766,16 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
         block_m = min(FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
         stages = DEFAULT_STAGES if block_m <= 48 else DEFAULT_STAGES - 1  # 64 x 128 x tiles: 4 stages > 99 KB
         tiles = n // 128 * math.ceil(m / block_m)
-        split = _split_k(tiles, k, 128, stages, 2 * sm_count, sm_count)
-        return FragConfig(block_m, 128, 128, split, min(stages, k // (128 * split)))
+        block_k = 128
+        split = _split_k(tiles, m, n, k, block_k, stages, 2 * sm_count, sm_count)
+        if tiles * split < sm_count:  # K / 128 has too few factors of 2 (K = 11008: 2 x 43)
+            split_64 = _split_k(tiles, m, n, k, 64, stages, 2 * sm_count, sm_count)
+            if split_64 > split:
+                block_k, split = 64, split_64
+        return FragConfig(block_m, 128, block_k, split, min(stages, k // (block_k * split)))
     block_n = 256 if n % 256 == 0 else 128
     tiles = n // block_n * math.ceil(min(m, MAX_M_PER_LAUNCH) / 64)
-    split = _split_k(tiles, k, 64, DEFAULT_STAGES, sm_count, sm_count)
+    split = _split_k(tiles, min(m, MAX_M_PER_LAUNCH), n, k, 64, DEFAULT_STAGES, sm_count, sm_count)
     return TileConfig(64, block_n, 64, 1, block_n // 64, split, min(DEFAULT_STAGES, k // (64 * split)))
 
 
@@ -1136,7 +1144,7 @@ def bench(ms: list[int], n: int, k: int) -> list[dict]:
         row["cublas_us"] = time_per_call([lambda d=d: torch.nn.functional.linear(x, d) for d in dense])
         if marlins[0] is not None:
             row["marlin_us"] = time_per_call([lambda f=f: f(x) for f in marlins])
-        row["ours_weight_tb_s"] = n * k * 9 / 16 / (row["ours_us"] * 1e-6) / 1e12
+        row["ours_weight_tb_s"] = n * k * WEIGHT_BYTES_PER_CODE / (row["ours_us"] * 1e-6) / 1e12
         rows.append(row)
         print(
             f"M={m:5d} {n}x{k}: ours {row['ours_us']:8.1f} us  cuBLAS {row['cublas_us']:8.1f} us  "

@@ -37,7 +37,7 @@ BF16_FLOPS_PER_S = 790e12  # H200 BF16 dense math the floors are counted against
 
 
 def weight_bytes(n: int, k: int) -> int:
-    return n * k // 2 + n * k // nv.SCALE_BLOCK
+    return int(n * k * nv.WEIGHT_BYTES_PER_CODE)
 
 
 def floor_us(m: int, n: int, k: int) -> float:

@@ -46,6 +46,16 @@ def test_layout_bits_cover_each_word_once():
     assert bits == list(range(32))
 
 
+def test_dequant_costs_nine_integer_ops_per_word():
+    # One op per distinct non-zero rotation (its shifted word is shared) plus one AND/LOP3 per part.
+    rotations = {rotation for parts in nv.REGISTER_PARTS for rotation, _ in parts if rotation}
+    parts = sum(len(p) for p in nv.REGISTER_PARTS)
+    assert len(rotations) + parts == 9
+    # Rotations whose wrapped bits are masked off are emitted as plain shifts (IMAD.SHL, FMA pipe).
+    source = nv.DEQUANT_SOURCE
+    assert "(x << 4)" in source and "(x << 6)" in source and source.count("__funnelshift_l") == 2
+
+
 @pytest.mark.parametrize("alpha_kind", ["scalar", "per_column"])
 def test_register_dequant_exact_for_every_finite_e4m3_scale(alpha_kind):
     n, k = 256, 512  # 8192 scales: every finite E4M3 byte (zero, negative, subnormal) many times
@@ -226,6 +236,21 @@ def test_every_heuristic_config_fits(n, k, sm_count):
 def test_split_k_fills_the_gpu_at_decode_sizes():
     config = nv.get_config(1, 5120, 6144, sm_count=132)
     assert config.split_k > 1 and 5120 // config.block_n * config.split_k >= 132
+
+
+@pytest.mark.parametrize("n, k", CONFIG_SHAPES)
+def test_split_k_partials_cost_less_than_the_weights(n, k):
+    for m in range(1, nv.MAX_M_PER_LAUNCH + 1):
+        split = nv.get_config(m, n, k, sm_count=132).kernel_shape().split_k
+        if split > 1:
+            assert 2 * split * m * n * 4 <= n * k * nv.WEIGHT_BYTES_PER_CODE
+
+
+def test_64_deep_k_tiles_where_128_cannot_split_enough():
+    # K = 11008 = 128 * 86 = 128 * 2 * 43: 128-deep tiles split at most 2 ways (64 CTAs for N = 4096).
+    config = nv.get_config(1, 4096, 11008, sm_count=132)
+    assert config.block_k == 64 and 4096 // config.block_n * config.split_k >= 128
+    assert nv.get_config(1, 4096, 4096, sm_count=132).block_k == 128  # 128-deep tiles fill the GPU there
 
 
 # ---------------------------------------------------------------- CPU: compiling for both archs
