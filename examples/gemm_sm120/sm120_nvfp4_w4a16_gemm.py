@@ -117,8 +117,8 @@ CODE_FIELD_MASK = 0x81C081C0  # sign (bit 15) and eem (bits 8:6) of both BF16 ha
 # registers take one rotation and one AND, and the fourth takes the eem bits 8 of both halves from a
 # fifth rotation: 9 integer ops per word. Rotations whose wrapped bits the mask drops compile to
 # plain left shifts, which ptxas issues as IMAD.SHL on the FMA pipe instead of the busier ALU pipe
-# (the kernel's M = 1 time grows with its instruction count; this layout took 427 SASS instructions
-# per warp and 128-deep k tile down to 379, measured with the scale changes below).
+# (the kernel's M = 1 time grows with its instruction count; with the scale pairs below this layout
+# took the SASS of the M = 1 loop from 427 to 361 instructions per warp and 128-deep k tile).
 REGISTER_PARTS = (
     ((0, CODE_FIELD_MASK),),
     ((4, CODE_FIELD_MASK),),
@@ -172,7 +172,7 @@ SCALE_BYTE_TABLE = _scale_byte_table()
 # _arrange_scales), so one PRMT (bytes j % 2 and 2 + j % 2 into the two halves) and one LEA
 # (``* 16 + SCALE_BIAS_WORD``) give word j's BF16 pair ``scale * 2^119``, step 0 in the low half and
 # step 1 in the high half. The multiplies read one half of it (``.H0_H0`` / ``.H1_H1``, free).
-SCALE_PAIR_PICK = 0x4240  # PRMT selector: bytes 0 and 2 of the word, zero bytes above each (+0x101: 1, 3)
+SCALE_PAIR_PICK = 0x4240  # PRMT selector: bytes 0 and 2 into bytes 0 and 2, zeros above; + 0x101 picks 1 and 3
 SCALE_BIAS_WORD = 0x70007000
 # code * 2^-126 times scale * 2^119 is ``fp4 * scale * 2^-7``; the epilogue multiplies by 2^7.
 DEQUANT_EXPONENT_OFFSET = 7
@@ -317,7 +317,7 @@ def _bf16_bits_to_float(bits: torch.Tensor) -> torch.Tensor:
 
 # The register dequant, in CUDA. One call turns a lane's 16-byte block slice and its 8 scale
 # bytes into the 16 bf16x2 B registers of two n16 tiles x two k16 steps. Per word: 9 integer ops cut
-# out its four registers (REGISTER_PARTS), one shift and one LOP3 build its scale pair, and one
+# out its four registers (REGISTER_PARTS), one PRMT and one LEA build its scale pair, and one
 # mul.rn.bf16x2 per register applies one half of the pair (exact: the product has at most 6
 # significant bits). mul.rn.bf16x2 needs sm_90 or newer.
 def _rotation(rotation: int, mask: int) -> str:
@@ -757,10 +757,11 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
 
     M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
     128 x 128 weight tiles (128 x 64 where only that lets split-K fill the SMs), split-K to about
-    two CTAs per SM where the tiles are too few (several small CTAs stream per SM), as long as the
-    FP32 partials cost less traffic than the weights. Larger M: 64-row tiles over four warps (two where N % 256 != 0),
-    split-K to about one wave where the tiles are too few.
-    Measured on the H200 (2026-11-29) against the other candidates of the same family.
+    two CTAs per SM where the tiles are too few (several small CTAs stream per SM). Larger M: 64-row
+    tiles over four warps (two where N % 256 != 0), split-K to about one wave where the tiles are too
+    few. Split-K stops where the FP32 partials would cost more traffic than the weights.
+    Measured on the H200 (2026-11-29) against the other candidates of the same family; the split
+    limit and the 64-deep tiles from the untuned-shape benchmark of 2026-11-30 (maint NOTES.md).
     """
     if m <= FRAG_MAX_M:
         block_m = min(FRAG_MAX_BLOCK_M, 16 * math.ceil(m / 16))
