@@ -282,7 +282,7 @@ def emulate_register_dequant(w: NVFP4W4A16Weight) -> torch.Tensor:
     words = w.codes.cpu().to(torch.int64) & 0xFFFFFFFF  # [nb, kb, 128]
     words = words.reshape(*words.shape[:2], 32, 4)  # [nb, kb, lane, j]
     scale_words = w.scales.cpu().to(torch.int64) & 0xFFFFFFFF
-    scale_words = scale_words.reshape(*scale_words.shape[:2], 8, 2)  # [nb, kb, g, s]
+    scale_words = scale_words.reshape(*scale_words.shape[:2], 8, 2)  # [nb, kb, g, q]
     registers = [sum(_rotate_left(words, rotation) & mask for rotation, mask in parts) for parts in REGISTER_PARTS]
     bits = torch.stack(registers, dim=-1)  # [nb, kb, lane, j, r]
     halves = torch.stack((bits & 0xFFFF, bits >> 16), dim=-1)  # [nb, kb, lane, j, r, half]
@@ -360,7 +360,7 @@ __device__ __forceinline__ void nvfp4_dequant_block(const void* codes, const voi
 #pragma unroll
   for (int j = 0; j < 4; ++j) {{
     const unsigned scale_word = j < 2 ? s.x : s.y;
-    const unsigned pair = __byte_perm(scale_word, 0, {SCALE_PAIR_PICK} + (j & 1) * 0x101) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
+    const unsigned pair = __byte_perm(scale_word, 0, 0x{SCALE_PAIR_PICK:04X}u + (j & 1) * 0x101u) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
     const unsigned x = words[j];
 {_REGISTER_LINES}
   }}
@@ -738,7 +738,8 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
 def _split_k(tiles: int, m: int, n: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
     """Split K only when the output tiles would leave half of the SMs idle; then double the split
     until there are ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split and the
-    partials' traffic (an FP32 write and read of ``M x N`` per split) within the weight bytes."""
+    partials' traffic (an FP32 write and read of ``M x N`` per split and launch) within the weight bytes."""
+    m = min(m, MAX_M_PER_LAUNCH)
     split = 1
     while (
         2 * tiles < sm_count
@@ -776,7 +777,7 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
         return FragConfig(block_m, 128, block_k, split, min(stages, k // (block_k * split)))
     block_n = 256 if n % 256 == 0 else 128
     tiles = n // block_n * math.ceil(min(m, MAX_M_PER_LAUNCH) / 64)
-    split = _split_k(tiles, min(m, MAX_M_PER_LAUNCH), n, k, 64, DEFAULT_STAGES, sm_count, sm_count)
+    split = _split_k(tiles, m, n, k, 64, DEFAULT_STAGES, sm_count, sm_count)
     return TileConfig(64, block_n, 64, 1, block_n // 64, split, min(DEFAULT_STAGES, k // (64 * split)))
 
 

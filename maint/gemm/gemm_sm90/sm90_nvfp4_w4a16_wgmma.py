@@ -57,7 +57,7 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     wide = m > 2 * WGMMA_ATOM_M and n // WARPGROUP_ROWS * -(-m // FULL_WAVE_BLOCK_X) >= sm_count
     block_x = FULL_WAVE_BLOCK_X if wide else 64
     tiles = n // WARPGROUP_ROWS * -(-m // block_x)
-    split = example._split_k(tiles, min(m, example.MAX_M_PER_LAUNCH), n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
+    split = example._split_k(tiles, m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
     return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split)
 
 
