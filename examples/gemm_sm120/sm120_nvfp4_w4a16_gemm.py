@@ -702,7 +702,8 @@ DEFAULT_STAGES = 4  # cp.async stages the heuristic uses; deeper pipelines measu
 
 
 def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileConfig)) -> None:
-    """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120."""
+    """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120 (or, for a
+    config type with a ``SHARED_BYTES_PER_CTA`` attribute, the one arch that type runs on)."""
     if not isinstance(config, config_types):
         names = " or ".join(t.__name__ for t in config_types)
         raise TypeError(f"config must be a {names}, got {type(config).__name__}")
@@ -725,8 +726,9 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
             problems.append(f"each split must hold at least `stages` k tiles (K={k})")
         if s.split_k > MAX_SPLIT_K:
             problems.append(f"split_k must be <= {MAX_SPLIT_K}")
-        if s.shared_bytes() > SM120_SMEM_PER_CTA:
-            problems.append(f"needs {s.shared_bytes()} bytes of shared memory, sm_120 has {SM120_SMEM_PER_CTA} per CTA")
+        smem_per_cta = getattr(config, "SHARED_BYTES_PER_CTA", SM120_SMEM_PER_CTA)
+        if s.shared_bytes() > smem_per_cta:
+            problems.append(f"needs {s.shared_bytes()} bytes of shared memory, the arch has {smem_per_cta} per CTA")
         if s.m16_tiles_per_warp * s.n32_blocks_per_warp * 16 > MAX_ACCUMULATORS:
             problems.append(f"a warp tile needs more than {MAX_ACCUMULATORS} accumulators per thread")
         if s.threads > 512:

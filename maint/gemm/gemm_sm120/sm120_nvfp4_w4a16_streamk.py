@@ -67,7 +67,7 @@ class StreamKConfig(NamedTuple):
 AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
 CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
-X_CHUNK = 8  # bf16 values per 16-byte cp.async
+X_CHUNK, x_swizzled = hopper.X_CHUNK, hopper.x_swizzled  # the x tiles are laid out as the wgmma kernel's
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
 MAX_CTAS_PER_SM = 4
 
@@ -125,10 +125,6 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     wt = example.warp_tile(shape)
     x_chunks = bm_ * bk_ // X_CHUNK  # 16-byte pieces of an x tile
     chunks_per_row = bk_ // X_CHUNK
-
-    def x_swizzled(r, c):  # column c of row r in a stage: 16-byte chunks XOR-ed with r % 8, so the
-        # eight rows one ldmatrix phase reads fall in eight different bank groups
-        return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
 
     @T.macro
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m, m, tx):
@@ -259,16 +255,8 @@ def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_pos
     return tilelang.compile(func, target={"kind": "cuda", "arch": arch}, pass_configs=STREAMK_PASS_CONFIGS)
 
 
-# The kernel places every barrier itself (one per k tile, two around the ticket): TileLang's automatic
-# barriers would add a second one per k tile between the cp.async issue and the MMA. Its bounds are
-# explicit too (the x loader's predicate, the row guard of every store): TileLang 0.1.15's safe-memory
-# pass fails on this kernel for some shapes (16384 x 5120: "combined.defined()"), and every other
-# access is in bounds by construction.
-STREAMK_PASS_CONFIGS = {
-    **example.PASS_CONFIGS,
-    "tl.disable_thread_storage_sync": True,
-    "tl.disable_safe_memory_legalize": True,
-}
+# The kernel places its barriers and bounds itself, as the wgmma kernel does (see there).
+STREAMK_PASS_CONFIGS = hopper.HAND_PIPELINE_PASS_CONFIGS
 
 
 def check_any_config(config: AnyConfig, n: int, k: int, arch: str) -> None:

@@ -23,71 +23,110 @@ import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
 
 WARPGROUP_ROWS = 128  # weight rows per CTA: 4 warps x one 32-row fragment block
 WGMMA_ATOM_M = 64
+ATOMS = WARPGROUP_ROWS // WGMMA_ATOM_M  # m64 atoms per warpgroup: a fragment block holds two
 SWIZZLE_K = 64  # bf16 values per 128-byte swizzled row of the x tile, the wgmma B operand
+SWIZZLE_128B = 1  # the wgmma descriptor's layout type for 128-byte swizzling
+SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride between 8-row groups
+X_CHUNK = 8  # bf16 values per 16-byte cp.async
+WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
+MAX_BLOCK_X = 128  # ATOMS x block_x / 2 FP32 accumulators per thread: 128 at most
+MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
+SM90_SMEM_PER_CTA = 227 * 1024
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
 
 
+def x_swizzled(r, c):
+    """Column ``c`` of row ``r`` in an x tile: 16-byte chunks XOR-ed with ``r % 8``. For 128-byte
+    rows this is the 128-byte swizzle wgmma's descriptor expects; in the stream-K kernel's tiles it
+    puts the eight rows one ldmatrix phase reads in eight different bank groups."""
+    return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
+
+
 class WgmmaConfig(NamedTuple):
-    """``block_x`` rows of x per CTA (the wgmma N, a multiple of 16, at most 128 so the accumulators
-    fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` cp.async stages, ``split_k`` CTAs
-    per output tile (grid.y), reduced as in the example."""
+    """``block_x`` rows of x per CTA (the wgmma N: a multiple of 16, at most 128 so the accumulators
+    fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
+    see ``build_wgmma_kernel``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
-    stages: int = 3
+    stages: int = 4
     split_k: int = 1
+
+    SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
 
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split)."""
-        return example.KernelShape(self.block_x, WARPGROUP_ROWS, self.block_k, 1, 4, self.stages, self.split_k)
+        return example.KernelShape(
+            self.block_x, WARPGROUP_ROWS, self.block_k, 1, WARPGROUP_ROWS // example.FRAG_N, self.stages, self.split_k
+        )
 
 
-DEFAULT_STAGES = 3  # measured ahead of 4 in most H200 cells (2026-11-29)
+DEFAULT_STAGES = 4
 HEURISTIC_MIN_M = 64  # from here on it beat the fragment and tile kernels in every H200 cell measured
-FULL_WAVE_BLOCK_X = 128  # the larger x block, once it still gives every SM a CTA
+NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 
 
-def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional["WgmmaConfig"]:
-    """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows; 64-row x
-    blocks, or 128 where that still makes a full wave (H200, 2026-11-29: 16384x5120 M = 256 70 us
-    against 95 us; on 5120x6144 the 64-row block stayed ahead); split-K, as in the example's
-    heuristic, where the tiles would leave half of the SMs idle (N = 5120 gives 40 tiles per x block)."""
+def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
+    """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic."""
+    tiles = n // WARPGROUP_ROWS * -(-m // block_x)
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, example._split_k(tiles, m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count))
+
+
+def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
+    return n // WARPGROUP_ROWS * -(-m // config.block_x) * config.split_k
+
+
+def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows.
+
+    The weights are dequantized once per x block, so the x blocks are the fewest of at most 128 rows
+    that cover M, each as small as that allows (a multiple of 16): M = 72 runs as one 80-row block,
+    not two 64-row ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Split-K, as in the
+    example's heuristic, where the tiles would leave half of the SMs idle. Where even so fewer than
+    half of the SMs get a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128:
+    22.1 us against 33.8 for one 128-row block split twice)."""
     if m < HEURISTIC_MIN_M:
         return None
-    wide = m > 2 * WGMMA_ATOM_M and n // WARPGROUP_ROWS * -(-m // FULL_WAVE_BLOCK_X) >= sm_count
-    block_x = FULL_WAVE_BLOCK_X if wide else 64
-    tiles = n // WARPGROUP_ROWS * -(-m // block_x)
-    split = example._split_k(tiles, m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split)
+    m = min(m, example.MAX_M_PER_LAUNCH)
+    x_blocks = -(-m // MAX_BLOCK_X)
+    tight = _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count)
+    if 2 * _ctas(tight, m, n) >= sm_count:
+        return tight
+    narrow = _x_blocked(m, n, k, NARROW_BLOCK_X, sm_count)
+    return narrow if _ctas(narrow, m, n) > _ctas(tight, m, n) else tight
 
 
 def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaConfig,)) -> None:
     example.check_config(config, n, k, config_types)
     if config.block_k != SWIZZLE_K:
         raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} (one 128-byte swizzled row)")
-
-
-# An empty function whose only job is the buffer read its caller's access_ptr declares (see below).
-TILE_READ_MARKER_SOURCE = "__device__ __forceinline__ void nvfp4_tile_read(const void*) {}\n"
+    if config.block_x % 16 or config.block_x > MAX_BLOCK_X:
+        raise ValueError(f"config {config}: block_x must be a multiple of 16 and at most {MAX_BLOCK_X}")
+    if config.stages < MIN_STAGES:
+        raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
-    import tilelang.language as T
-    from tilelang.cuda.intrinsics.macro.wgmma_macro_generator import TensorCoreIntrinEmitter
-    from tilelang.layout import make_full_bank_swizzled_layout
+    """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)).
 
-    bx, bk, rows, split_k = config.block_x, config.block_k, WARPGROUP_ROWS, config.split_k
+    The pipeline is written by hand so that one wgmma stays in flight while the next k tile is
+    dequantized: k tile ``t`` waits for its stage, issues the loads of tile ``t + stages - 2``,
+    dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for tile
+    ``t - 1``'s. So the tensor cores work while the integer units dequantize, and the stage a load
+    overwrites (tile ``t - 2``'s) and the A half a dequant overwrites were both released by the
+    previous k tile's wait, which every warp passed before this k tile's barrier.
+    """
+    import tilelang.language as T
+
+    bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
+    rows = threads = WARPGROUP_ROWS  # one warp per 32-row fragment block
+    blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     k_tiles = k // split_k // bk
-    atoms = rows // WGMMA_ATOM_M
-    k16_steps = bk // 16
-    a_size = k16_steps * atoms * 8  # bf16 per thread: [k16 step][m64 atom][4 registers]
-    acc_size = atoms * bx // 2  # per atom: bx / 8 column groups x 4 floats
+    a_size = bk // 16 * ATOMS * 8  # bf16 per thread and k tile: [k16 step][m64 atom][4 registers]
+    acc_size = ATOMS * bx // 2  # per atom: bx / 8 column groups x 4 floats
+    x_stage_bytes = bx * bk * 2
     exchange = example.split_k_exchange(n, split_k, acc_size)
     M = T.dynamic("m")
-
-    def set_b_layout(emitter, layout) -> None:
-        emitter._assign_b_shared_layout(layout)
-
     ops = example.operands(n, k, M)
 
     # Accumulator q = (p * bx / 8 + i) * 4 + c holds atom row 16w + 8(c // 2) + g, i.e. weight row
@@ -100,9 +139,90 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
     store = example.scaled_store(acc_size)
 
+    x_chunks = bx * bk // X_CHUNK
+
+    def block_copier(words_per_block: int):
+        """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
+        scales) of one k tile into a stage, 16 bytes per cp.async."""
+        per_block = words_per_block // WORDS_PER_CHUNK
+        chunks = blocks * kbs * per_block
+
+        @T.macro
+        def copy(src, dst, stage, nb, kt, tx):
+            for c in T.unroll(T.ceildiv(chunks, threads)):
+                if c * threads + tx < chunks:
+                    b, kb, w = (c * threads + tx) // (kbs * per_block), (c * threads + tx) // per_block % kbs, (c * threads + tx) % per_block
+                    T.ptx_cp_async(
+                        T.access_ptr(dst[stage, b, kb, w * WORDS_PER_CHUNK], "w", extent=WORDS_PER_CHUNK),
+                        T.access_ptr(src[nb + b, kt * kbs + kb, w * WORDS_PER_CHUNK], "r", extent=WORDS_PER_CHUNK),
+                        WORDS_PER_CHUNK,
+                    )
+
+        return copy
+
+    copy_codes, copy_scales = block_copier(example.WORDS_PER_BLOCK), block_copier(example.SCALE_WORDS_PER_BLOCK)
+
     @T.macro
-    def store_output(acc, y, alpha_x128, bm, bn, lane, warp, m):
-        store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, m)
+    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt, stage, bm, bn, m, tx):
+        """cp.async of k tile ``kt``'s x, code and scale tiles into ``stage``, as one commit group;
+        x rows at or past ``m`` are zero-filled (a predicated cp.async reads nothing)."""
+        for c in T.unroll(T.ceildiv(x_chunks, threads)):
+            if c * threads + tx < x_chunks:
+                r = (c * threads + tx) // (bk // X_CHUNK)
+                col = (c * threads + tx) % (bk // X_CHUNK) * X_CHUNK
+                T.ptx_cp_async(
+                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
+                    T.access_ptr(x[bm * bx + r, kt * bk + col], "r", extent=X_CHUNK),
+                    X_CHUNK,
+                    bm * bx + r < m,
+                )
+        copy_codes(codes, code_tiles, stage, bn * blocks, kt, tx)
+        copy_scales(scales, scale_tiles, stage, bn * blocks, kt, tx)
+        T.ptx_commit_group()
+
+    @T.macro
+    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, t, half, kt0, bm, bn, m, tx):
+        """k tile ``t`` (see above), its A registers in ``half``."""
+        lane = tx % 32
+        warp = tx // 32
+        stage = t % stages
+        T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
+        T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
+        T.sync_threads()  # everyone's copies landed; everyone finished tile t - 2's wgmma
+        if t + stages - 2 < k_tiles:
+            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + t + stages - 2, (t + stages - 2) % stages, bm, bn, m, tx)
+        else:
+            T.ptx_commit_group()  # an empty group keeps the wait counts uniform
+        for kb in T.unroll(kbs):
+            T.call_extern(
+                "handle",
+                "nvfp4_dequant_block",
+                T.address_of(code_tiles[stage, warp, kb, lane * 4]),
+                T.address_of(scale_tiles[stage, warp, kb, lane // 4 * 2]),
+                T.address_of(b_regs[0]),
+            )
+            # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h;
+            # q walks this k32 block's A values in register order: q = ((s * ATOMS + p) * 4 + h * 2 + rh) * 2 + e.
+            for q in T.unroll(2 * ATOMS * 8):
+                a_regs[half * a_size + kb * 2 * ATOMS * 8 + q] = b_regs[
+                    (4 * (2 * (q // 8 % ATOMS) + q // 2 % 2) + 2 * (q // (8 * ATOMS)) + q // 4 % 2) * 2 + q % 2
+                ]
+        T.warpgroup_fence_operand(a_regs, half * a_size, num_regs=a_size // 2)
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        T.warpgroup_arrive()
+        for s, p in T.grid(bk // 16, ATOMS):  # unrolled: nvcc unrolls the constant loops
+            T.ptx_wgmma_rs(
+                T.float32, f"m{WGMMA_ATOM_M}n{bx}k16", True, "bf16", "bf16", "fp32",
+                a_regs.data, half * a_size + (s * ATOMS + p) * 8,
+                desc.data, (stage * x_stage_bytes + s * 32) // 16,  # k16 step s: 32 bytes on
+                acc.data, p * bx // 2,
+                1, 1, 1,
+            )  # fmt: skip
+        T.warpgroup_commit_batch()
+        T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
+
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -114,51 +234,39 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         partials: ops.partials,
         tickets: ops.tickets,
     ):
-        with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=128) as (bn, bk_index, bm):
-            x_tile = T.alloc_shared((bx, bk), T.bfloat16)
-            code_tile = T.alloc_shared((rows // example.FRAG_N, bk // example.FRAG_K, example.WORDS_PER_BLOCK), T.int32)
-            scale_tile = T.alloc_shared((rows // example.FRAG_N, bk // example.FRAG_K, example.SCALE_WORDS_PER_BLOCK), T.int32)
-            a_regs = T.alloc_local((a_size,), T.bfloat16)
+        with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
+            x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
+            code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
+            scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
+            a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
             b_regs = T.alloc_local((32,), T.bfloat16)
             acc = T.alloc_local((acc_size,), T.float32)
-            T.import_source(example.DEQUANT_SOURCE + TILE_READ_MARKER_SOURCE)
-            x_layout = make_full_bank_swizzled_layout(x_tile)
-            T.annotate_layout({x_tile: x_layout})
+            desc = T.alloc_wgmma_desc()
+            T.import_source(example.DEQUANT_SOURCE)
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            wgmma = TensorCoreIntrinEmitter(
-                a_dtype=T.bfloat16, b_dtype=T.bfloat16, accum_dtype=T.float32,
-                a_transposed=False, b_transposed=True,
-                block_row_warps=4, block_col_warps=1, warp_row_tiles=rows // 4, warp_col_tiles=bx,
-                chunk=bk, thread_var=tx,
-            )  # fmt: skip
-            set_b_layout(wgmma, x_layout)  # the B descriptor follows the x tile's swizzle
+            kt0 = bk_index * k_tiles
+            T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
             for i in T.unroll(acc_size):
                 acc[i] = 0.0
-            for ko in T.Pipelined(k_tiles, num_stages=config.stages):
-                kt = bk_index * k_tiles + ko
-                T.copy(x[bm * bx, kt * bk], x_tile)
-                T.copy(codes[bn * (rows // example.FRAG_N), kt * (bk // example.FRAG_K), 0], code_tile)
-                T.copy(scales[bn * (rows // example.FRAG_N), kt * (bk // example.FRAG_K), 0], scale_tile)
-                for kb in T.unroll(bk // example.FRAG_K):
-                    T.call_extern(
-                        "handle",
-                        "nvfp4_dequant_block",
-                        T.address_of(code_tile[warp, kb, lane * 4]),
-                        T.address_of(scale_tile[warp, kb, lane // 4 * 2]),
-                        T.address_of(b_regs[0]),
-                    )
-                    # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h;
-                    # q walks this k32 block's A values in register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
-                    for q in T.unroll(2 * atoms * 8):
-                        a_regs[kb * 2 * atoms * 8 + q] = b_regs[(4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2]
-                wgmma.wgmma_rs(a_regs[0:a_size], x_tile[0:bx, 0:bk], acc[0:acc_size])
-                # The wgmma reads x_tile through a descriptor, which T.Pipelined does not see as a read:
-                # without this marker it issues the next copy into this stage before the wgmma runs.
-                T.call_extern("handle", "nvfp4_tile_read", T.access_ptr(x_tile[0, 0], "r", extent=bx * bk))
+            for s in T.unroll(stages - 2):
+                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + s, s, bm, bn, M, tx)
+
+            # Unrolled by two so that each half of the A registers has a fixed name. An odd first
+            # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
+            # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
+            if k_tiles % 2:
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, 0, 1, kt0, bm, bn, M, tx)
+                T.warpgroup_wait(0)
+            for t2 in T.serial(k_tiles // 2):
+                for half in T.unroll(2):
+                    k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles % 2 + 2 * t2 + half, half, kt0, bm, bn, M, tx)
+            T.warpgroup_wait(0)
+            T.warpgroup_fence_operand(acc, num_regs=acc_size)
+            T.ptx_wait_group(0)
             if split_k == 1:
-                store_output(acc, y, alpha_x128, bm, bn, lane, warp, M)
+                store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
             else:
                 ticket = T.alloc_shared((1,), T.int32)
                 exchange(
@@ -166,14 +274,22 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
                     partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True,
                 )  # fmt: skip
                 if ticket[0] == split_k - 1:
-                    store_output(acc, y, alpha_x128, bm, bn, lane, warp, M)
+                    store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
 
     return nvfp4_w4a16_wgmma
 
 
-# TileLang's wgmma descriptor macro binds its base pointer as a let: inline lets, or nvcc sees an
-# undefined `B_base_ptr` (TileLang 0.1.15). Warp specialization stays off as in the example.
-WGMMA_PASS_CONFIGS = {**example.PASS_CONFIGS, "tl.force_let_inline": True}
+# The kernel places every barrier itself (one per k tile, and the split-K exchange's): TileLang's
+# automatic ones would add more. Its bounds are explicit too (the x loader's predicate, the row guard
+# of every store), as in the stream-K kernel: TileLang 0.1.15's safe-memory pass fails on hand-written
+# cp.async loops for some shapes. TileLang's wgmma descriptor binds its base pointer as a let: inline
+# lets, or nvcc sees an undefined `B_base_ptr`. Warp specialization stays off as in the example.
+HAND_PIPELINE_PASS_CONFIGS = {
+    **example.PASS_CONFIGS,
+    "tl.disable_thread_storage_sync": True,
+    "tl.disable_safe_memory_legalize": True,
+}
+WGMMA_PASS_CONFIGS = {**HAND_PIPELINE_PASS_CONFIGS, "tl.force_let_inline": True}
 
 
 def compile_wgmma(n: int, k: int, config: WgmmaConfig):

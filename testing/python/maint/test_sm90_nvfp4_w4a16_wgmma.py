@@ -49,10 +49,34 @@ def test_refuses_other_archs(monkeypatch):
         wg.launch_wgmma(torch.zeros(1, 256, dtype=torch.bfloat16), w, wg.WgmmaConfig(), torch.empty(1, 128, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("config", [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=24), wg.WgmmaConfig(block_x=256)])
+@pytest.mark.parametrize(
+    "config",
+    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=24), wg.WgmmaConfig(block_x=144), wg.WgmmaConfig(stages=2)],
+)
 def test_bad_configs(config):
     with pytest.raises(ValueError):
         wg.check_wgmma_config(config, 4096, 4096)
+
+
+def test_heuristic_x_block_is_the_tightest_cover():
+    """The weights are dequantized once per x block: the fewest blocks of <= 128 rows, each as small
+    as that allows (M = 72 is one 80-row block, M = 144 two of 80 rows)."""
+    for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
+        bx = wg.get_wgmma_config(m, 16384, 5120).block_x
+        blocks = -(-m // bx)
+        assert bx % 16 == 0 and bx <= wg.MAX_BLOCK_X and blocks == -(-m // wg.MAX_BLOCK_X)
+        assert bx - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
+    assert [wg.get_wgmma_config(m, 16384, 5120).block_x for m in (64, 72, 128, 144, 1024)] == [64, 80, 128, 80, 128]
+
+
+def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idle():
+    """4096x4096 has 32 weight tiles: one 128-row x block at M = 128 gives 64 CTAs even split twice;
+    two 64-row blocks give 128. Shapes with many tiles keep the tight block."""
+    assert wg.get_wgmma_config(128, 4096, 4096) == wg.WgmmaConfig(64, 64, wg.DEFAULT_STAGES, 2)
+    assert wg.get_wgmma_config(128, 11008, 4096).block_x == 128
+    for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 8):
+        c = wg.get_wgmma_config(m, 4096, 4096)
+        assert 2 * (4096 // wg.WARPGROUP_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
 SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3), wg.WgmmaConfig(64, 64, 3, split_k=2)]
@@ -67,6 +91,8 @@ REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 3, split_k=8)),
     (64, 5120, 6144, wg.WgmmaConfig(64, 64, 3, split_k=4)),
     (300, 640, 2304, wg.WgmmaConfig(128, 64, 4, split_k=2)),
+    (70, 640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4)),  # 9 k tiles per split: the odd first tile
+    (33, 640, 2304, wg.WgmmaConfig(48, 64, 6)),
 ]
 
 
