@@ -80,8 +80,22 @@ def build_methods(n: int, k: int, dispatch: str):
     return methods, raw[0], ours[0], marlin[0], linear
 
 
+def dispatched_configs(m: int, n: int, k: int, dispatch: str, device: torch.device) -> set:
+    """The configs ``dispatch``'s linear launches for M rows (one per 1024-row chunk size)."""
+    rows = {nv.MAX_M_PER_LAUNCH} if m >= nv.MAX_M_PER_LAUNCH else set()
+    rows |= {m % nv.MAX_M_PER_LAUNCH} - {0}
+    if dispatch == "tuned":
+        return {maint.config_for(r, n, k, device) for r in rows}
+    return {nv.get_config(r, n, k, sm_count=nv.sm_count(device)) for r in rows}
+
+
 def run(shapes, layer_counts, ms, dispatch: str, verify: bool, on_cell=None) -> dict:
-    """Measure every (shape, M) cell; ``on_cell(result_so_far)`` after each (to save partial runs)."""
+    """Measure every (shape, M) cell; ``on_cell(result_so_far)`` after each (to save partial runs).
+    The kernels the cells will launch are compiled first, in parallel (heuristic configs of untuned
+    shapes would otherwise compile one at a time inside the run)."""
+    device = torch.device("cuda")
+    jobs = {(n, k, c) for n, k in shapes for m in ms for c in dispatched_configs(m, n, k, dispatch, device)}
+    nv.precompile(jobs, nv.device_arch(device), maint.compile_any)
     separator_buffer = torch.zeros(1, device="cuda")
     separator = lambda: separator_buffer.add_(1.0)  # noqa: E731  (one tiny kernel between calls)
     cells = []

@@ -404,12 +404,16 @@ LAUNCHERS = {
 }
 
 
-def pick_config(rows: int, w: NVFP4W4A16Weight) -> AnyConfig:
-    """The tuned table of this GPU first, then the heuristics."""
-    config = tuned_config(rows, w.n, w.k, gpu_key(w.device))
+def config_for(rows: int, n: int, k: int, device: torch.device) -> AnyConfig:
+    """The tuned table of ``device``'s GPU first, then the heuristics."""
+    config = tuned_config(rows, n, k, gpu_key(device))
     if config is None:
-        config = heuristic_config(rows, w.n, w.k, arch=example.device_arch(w.device), sm_count=example.sm_count(w.device))
+        config = heuristic_config(rows, n, k, arch=example.device_arch(device), sm_count=example.sm_count(device))
     return config
+
+
+def pick_config(rows: int, w: NVFP4W4A16Weight) -> AnyConfig:
+    return config_for(rows, w.n, w.k, w.device)
 
 
 def nvfp4_w4a16_linear(

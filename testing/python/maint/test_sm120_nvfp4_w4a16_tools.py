@@ -85,3 +85,19 @@ def test_winners_become_merged_m_ranges():
         (1, 4, "FragConfig"), (5, 16, "StreamKConfig"), (17, 1024, "FragConfig"),
     ]  # fmt: skip
     assert sk.config_from_json(entries[1]) == b
+
+
+def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
+    """The benchmark compiles the cells' kernels up front: the configs it lists are the ones the
+    tuned dispatch picks (the table's, else the heuristics'), one per 1024-row chunk size."""
+    monkeypatch.setattr(nv, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(nv, "sm_count", lambda device: 132)
+    monkeypatch.setattr(sk, "gpu_key", lambda device: "sm_90-132sm")
+    cpu = pytest.importorskip("torch").device("cpu")
+    n, k = next(iter(sk.load_table("sm_90-132sm")))
+    for m in (1, 64, 300, 1024):
+        assert bench.dispatched_configs(m, n, k, "tuned", cpu) == {sk.tuned_config(m, n, k, "sm_90-132sm")}
+    assert bench.dispatched_configs(1100, n, k, "tuned", cpu) == {sk.tuned_config(r, n, k, "sm_90-132sm") for r in (1024, 76)}
+    untuned = bench.dispatched_configs(300, 4096, 4096, "tuned", cpu)
+    assert untuned == {sk.heuristic_config(300, 4096, 4096, arch="sm_90", sm_count=132)}
+    assert bench.dispatched_configs(300, 4096, 4096, "example", cpu) == {nv.get_config(300, 4096, 4096, sm_count=132)}
