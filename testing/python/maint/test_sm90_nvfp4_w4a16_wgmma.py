@@ -3,6 +3,7 @@ dequantized weights as the register operand: compiling for sm_90a, never being c
 another arch, and (on an sm_90 GPU) results against the FP32 reference (DESIGN.md section 8)."""
 
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,10 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
 def test_compiles_for_sm90a(config):
     source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
     assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
+    # The descriptor's 128-byte swizzle is applied to address bits: the x stages (each a multiple of
+    # 1024 bytes) must start on a 1024-byte boundary of the 1024-aligned dynamic shared memory.
+    offset = re.search(r"x_tiles = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
+    assert "__align__(1024)" in source and offset and int(offset.group(1)) % 1024 == 0
 
 
 def ptxas_report(source: str) -> str:
