@@ -44,7 +44,9 @@ FRAG_WARPS_K = (1, 2)
 FRAG_DEEP_K = 256
 FRAG_DEEP_K_STAGES = 3
 STREAMK_CTAS_PER_SM = (1, 2)
-WGMMA_MIN_M = 48  # below this the x block would be mostly padding; the fragment kernel wins there
+# With x blocks of any multiple of 16 rows the wgmma kernel may beat the fragment kernel (whose HMMA
+# count grows with its row block) from M = 17; not measured yet (2026-11-30), hence a candidate.
+WGMMA_MIN_M = 17
 WGMMA_STAGES = (4, 6)
 WGMMA_SPLITS = (2, 4, 8)  # N = 5120 gives only 40 tiles per x block
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
@@ -68,9 +70,9 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
     if arch == "sm_90" and m >= WGMMA_MIN_M:
         hopper = maint.hopper
-        tight = hopper.get_wgmma_config(max(m, hopper.HEURISTIC_MIN_M), n, k, sm_count=sm_count)
+        tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
         out.append(tight)
-        for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * max(m, hopper.HEURISTIC_MIN_M)):
+        for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
             out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, st) for st in WGMMA_STAGES]
             out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]

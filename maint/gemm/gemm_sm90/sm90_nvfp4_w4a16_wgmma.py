@@ -76,20 +76,26 @@ def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
     return n // WARPGROUP_ROWS * -(-m // config.block_x) * config.split_k
 
 
+def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> WgmmaConfig:
+    """The weights are dequantized once per x block, so: the fewest x blocks of at most 128 rows that
+    cover M, each as small as that allows (a multiple of 16), split-K as in the example's heuristic
+    where the tiles would leave half of the SMs idle."""
+    m = min(m, example.MAX_M_PER_LAUNCH)
+    x_blocks = -(-m // MAX_BLOCK_X)
+    return _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count)
+
+
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows.
 
-    The weights are dequantized once per x block, so the x blocks are the fewest of at most 128 rows
-    that cover M, each as small as that allows (a multiple of 16): M = 72 runs as one 80-row block,
-    not two 64-row ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Split-K, as in the
-    example's heuristic, where the tiles would leave half of the SMs idle. Where even so fewer than
-    half of the SMs get a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128:
-    22.1 us against 33.8 for one 128-row block split twice)."""
+    The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
+    ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
+    half of the SMs a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128: 22.1 us
+    against 33.8 for one 128-row block split twice)."""
     if m < HEURISTIC_MIN_M:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
-    x_blocks = -(-m // MAX_BLOCK_X)
-    tight = _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count)
+    tight = tight_wgmma_config(m, n, k, sm_count=sm_count)
     if 2 * _ctas(tight, m, n) >= sm_count:
         return tight
     narrow = _x_blocked(m, n, k, NARROW_BLOCK_X, sm_count)

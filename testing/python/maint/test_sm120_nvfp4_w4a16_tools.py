@@ -60,7 +60,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-@pytest.mark.parametrize("m", [1, 16, 33, 64, 96, 97, 512, 1024])
+@pytest.mark.parametrize("m", [1, 16, 17, 33, 64, 96, 97, 512, 1024])
 def test_tuner_candidates_fit(arch, m):
     for n, k in [(5120, 6144), (640, 2304), (34816, 5120)]:
         configs = tune.candidates(m, n, k, arch)
