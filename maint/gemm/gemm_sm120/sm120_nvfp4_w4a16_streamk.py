@@ -72,7 +72,7 @@ PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and
 MAX_CTAS_PER_SM = 4
 
 
-SM90_SMEM_PER_SM = 228 * 1024
+SM90_SMEM_PER_SM = hopper.SM90_SMEM_PER_SM
 
 
 def smem_per_sm(arch: str) -> int:

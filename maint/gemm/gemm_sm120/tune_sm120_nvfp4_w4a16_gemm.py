@@ -47,7 +47,7 @@ STREAMK_CTAS_PER_SM = (1, 2)
 # With x blocks of any multiple of 16 rows the wgmma kernel may beat the fragment kernel (whose HMMA
 # count grows with its row block) from M = 17; not measured yet (2026-11-30), hence a candidate.
 WGMMA_MIN_M = 17
-WGMMA_STAGES = (4, 6)
+WGMMA_STAGES = (4, 6)  # and, per x block, the deepest pipeline that keeps two CTAs per SM
 WGMMA_SPLITS = (2, 4, 8)  # N = 5120 gives only 40 tiles per x block
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
 
@@ -73,7 +73,7 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
         out.append(tight)
         for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
-            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, st) for st in WGMMA_STAGES]
+            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 

@@ -32,6 +32,8 @@ WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
 MAX_BLOCK_X = 128  # ATOMS x block_x / 2 FP32 accumulators per thread: 128 at most
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 SM90_SMEM_PER_CTA = 227 * 1024
+SM90_SMEM_PER_SM = 228 * 1024
+CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
 
 
@@ -62,6 +64,15 @@ class WgmmaConfig(NamedTuple):
 
 
 DEFAULT_STAGES = 4
+
+
+def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
+    """The most stages with which ``ctas_per_sm`` CTAs of this x block still share an SM. The loads
+    run ``stages - 2`` k tiles ahead, so this is the most bytes in flight without losing the second
+    CTA, whose dequant overlaps the first one's wgmma (6 stages of 128 rows keep one: 356 us against
+    271 at 16384x5120 M = 1024)."""
+    per_stage = WgmmaConfig(block_x, SWIZZLE_K, 1).kernel_shape().shared_bytes()
+    return (SM90_SMEM_PER_SM // ctas_per_sm - CTA_RESERVED_SMEM) // per_stage
 HEURISTIC_MIN_M = 64  # from here on it beat the fragment and tile kernels in every H200 cell measured
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 

@@ -173,3 +173,14 @@ def test_graph_replays_match_eager(config):
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
+
+
+def test_deepest_stages_keep_two_ctas_per_sm():
+    """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more."""
+    for bx in range(16, wg.MAX_BLOCK_X + 1, 16):
+        stages = wg.deepest_stages(bx)
+        config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages)
+        wg.check_wgmma_config(config, 16384, 5120)
+        per_cta = lambda s: wg.WgmmaConfig(bx, wg.SWIZZLE_K, s).kernel_shape().shared_bytes() + wg.CTA_RESERVED_SMEM  # noqa: E731
+        assert 2 * per_cta(stages) <= wg.SM90_SMEM_PER_SM < 2 * per_cta(stages + 1)
+        assert stages >= wg.DEFAULT_STAGES
