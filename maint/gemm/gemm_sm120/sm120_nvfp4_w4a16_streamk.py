@@ -67,17 +67,14 @@ class StreamKConfig(NamedTuple):
 AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
 CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
-X_CHUNK, x_swizzled = hopper.X_CHUNK, hopper.x_swizzled  # the x tiles are laid out as the wgmma kernel's
+x_swizzled = hopper.x_swizzled  # the x tiles are laid out and loaded as the wgmma kernel's
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
 MAX_CTAS_PER_SM = 4
 
 
-SM90_SMEM_PER_SM = hopper.SM90_SMEM_PER_SM
-
-
 def smem_per_sm(arch: str) -> int:
     """Shared memory one SM offers its CTAs: 228 KB on sm_90, 100 KB on sm_120 (and as the default)."""
-    return SM90_SMEM_PER_SM if arch.startswith("sm_90") else example.SM120_SMEM_PER_SM
+    return hopper.SM90_SMEM_PER_SM if arch.startswith("sm_90") else example.SM120_SMEM_PER_SM
 
 
 def check_streamk_config(config: StreamKConfig, n: int, k: int, smem_per_sm: int = example.SM120_SMEM_PER_SM) -> None:
@@ -123,8 +120,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     k_tiles = k // bk_
     tiles_n = n // bn_
     wt = example.warp_tile(shape)
-    x_chunks = bm_ * bk_ // X_CHUNK  # 16-byte pieces of an x tile
-    chunks_per_row = bk_ // X_CHUNK
+    load_x = hopper.x_tile_loader(bm_, bk_, threads)
 
     @T.macro
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m, m, tx):
@@ -132,16 +128,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
         ``m`` are zero-filled (a predicated cp.async reads nothing)."""
         tile, kt = it // k_tiles, it % k_tiles
         tile_m, tile_n = tile % tiles_m, tile // tiles_m
-        for c in T.unroll(T.ceildiv(x_chunks, threads)):
-            if c * threads + tx < x_chunks:
-                r = (c * threads + tx) // chunks_per_row
-                col = (c * threads + tx) % chunks_per_row * X_CHUNK
-                T.ptx_cp_async(
-                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
-                    T.access_ptr(x[tile_m * bm_ + r, kt * bk_ + col], "r", extent=X_CHUNK),
-                    X_CHUNK,
-                    tile_m * bm_ + r < m,
-                )
+        load_x(x, x_tiles, stage, tile_m * bm_, kt, m, tx)
         T.ptx_commit_group()
         nb, kb = tile_n * (bn_ // example.FRAG_N), kt * (bk_ // example.FRAG_K)
         T.async_copy(codes[nb : nb + bn_ // example.FRAG_N, kb : kb + bk_ // example.FRAG_K, :], code_tiles[stage, :, :, :])

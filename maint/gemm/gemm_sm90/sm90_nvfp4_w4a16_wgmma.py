@@ -44,6 +44,31 @@ def x_swizzled(r, c):
     return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
 
 
+def x_tile_loader(x_rows: int, block_k: int, threads: int):
+    """The x half of this kernel's and the stream-K kernel's stage loaders, as a macro:
+    ``load(x, x_tiles, stage, x_row0, kt, m, tx)`` issues the cp.async of x rows ``x_row0 ..`` of k
+    tile ``kt`` into ``stage``, laid out by ``x_swizzled``; rows at or past ``m`` are zero-filled (a
+    predicated cp.async reads nothing). The caller commits the group."""
+    import tilelang.language as T
+
+    chunks, chunks_per_row = x_rows * block_k // X_CHUNK, block_k // X_CHUNK
+
+    @T.macro
+    def load(x, x_tiles, stage, x_row0, kt, m, tx):
+        for c in T.unroll(T.ceildiv(chunks, threads)):
+            if c * threads + tx < chunks:
+                r = (c * threads + tx) // chunks_per_row
+                col = (c * threads + tx) % chunks_per_row * X_CHUNK
+                T.ptx_cp_async(
+                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
+                    T.access_ptr(x[x_row0 + r, kt * block_k + col], "r", extent=X_CHUNK),
+                    X_CHUNK,
+                    x_row0 + r < m,
+                )
+
+    return load
+
+
 class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 16, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
@@ -64,6 +89,8 @@ class WgmmaConfig(NamedTuple):
 
 
 DEFAULT_STAGES = 4
+HEURISTIC_MIN_M = 64  # from here on it beat the fragment and tile kernels in every H200 cell measured
+NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 
 
 def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
@@ -73,18 +100,21 @@ def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
     271 at 16384x5120 M = 1024)."""
     per_stage = WgmmaConfig(block_x, SWIZZLE_K, 1).kernel_shape().shared_bytes()
     return (SM90_SMEM_PER_SM // ctas_per_sm - CTA_RESERVED_SMEM) // per_stage
-HEURISTIC_MIN_M = 64  # from here on it beat the fragment and tile kernels in every H200 cell measured
-NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
+
+
+def _tiles(m: int, n: int, block_x: int) -> int:
+    """Output tiles: weight-row tiles times ``ceil(M / block_x)`` x blocks."""
+    return n // WARPGROUP_ROWS * -(-m // block_x)
 
 
 def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic."""
-    tiles = n // WARPGROUP_ROWS * -(-m // block_x)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, example._split_k(tiles, m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count))
+    split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split)
 
 
 def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
-    return n // WARPGROUP_ROWS * -(-m // config.block_x) * config.split_k
+    return _tiles(m, n, config.block_x) * config.split_k
 
 
 def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> WgmmaConfig:
@@ -156,7 +186,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
     store = example.scaled_store(acc_size)
 
-    x_chunks = bx * bk // X_CHUNK
+    load_x = x_tile_loader(bx, bk, threads)
 
     def block_copier(words_per_block: int):
         """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
@@ -183,16 +213,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt, stage, bm, bn, m, tx):
         """cp.async of k tile ``kt``'s x, code and scale tiles into ``stage``, as one commit group;
         x rows at or past ``m`` are zero-filled (a predicated cp.async reads nothing)."""
-        for c in T.unroll(T.ceildiv(x_chunks, threads)):
-            if c * threads + tx < x_chunks:
-                r = (c * threads + tx) // (bk // X_CHUNK)
-                col = (c * threads + tx) % (bk // X_CHUNK) * X_CHUNK
-                T.ptx_cp_async(
-                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
-                    T.access_ptr(x[bm * bx + r, kt * bk + col], "r", extent=X_CHUNK),
-                    X_CHUNK,
-                    bm * bx + r < m,
-                )
+        load_x(x, x_tiles, stage, bm * bx, kt, m, tx)
         copy_codes(codes, code_tiles, stage, bn * blocks, kt, tx)
         copy_scales(scales, scale_tiles, stage, bn * blocks, kt, tx)
         T.ptx_commit_group()
@@ -239,7 +260,6 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
-
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
