@@ -703,7 +703,8 @@ DEFAULT_STAGES = 4  # cp.async stages the heuristic uses; deeper pipelines measu
 
 def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileConfig)) -> None:
     """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120 (or, for a
-    config type with a ``SHARED_BYTES_PER_CTA`` attribute, the one arch that type runs on)."""
+    config type with a ``SHARED_BYTES_PER_CTA`` attribute, the one arch that type runs on). Row blocks
+    are multiples of 16 (the m16 MMA tile) unless the config type names its own ``BLOCK_M_STEP``."""
     if not isinstance(config, config_types):
         names = " or ".join(t.__name__ for t in config_types)
         raise TypeError(f"config must be a {names}, got {type(config).__name__}")
@@ -714,8 +715,9 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
     else:
         if isinstance(config, FragConfig) and config.block_m > FRAG_MAX_BLOCK_M:
             problems.append(f"FragConfig.block_m must be <= {FRAG_MAX_BLOCK_M}")
-        if s.block_m % (16 * s.warps_m):
-            problems.append("block_m must be a multiple of 16 * warps_m")
+        block_m_step = getattr(config, "BLOCK_M_STEP", 16)
+        if s.block_m % (block_m_step * s.warps_m):
+            problems.append(f"block_m must be a multiple of {block_m_step} * warps_m")
         if s.block_n % (FRAG_N * s.warps_n) or n % s.block_n:
             problems.append(f"block_n must be a multiple of 32 * warps_n and divide N={n}")
         if s.block_k % (FRAG_K * s.warps_k):

@@ -44,18 +44,38 @@ FRAG_WARPS_K = (1, 2)
 FRAG_DEEP_K = 256
 FRAG_DEEP_K_STAGES = 3
 STREAMK_CTAS_PER_SM = (1, 2)
-# With x blocks of any multiple of 16 rows the wgmma kernel may beat the fragment kernel (whose HMMA
-# count grows with its row block) from M = 17; not measured yet (2026-11-30), hence a candidate.
-WGMMA_MIN_M = 17
-WGMMA_STAGES = (4, 6)  # and, per x block, the deepest pipeline that keeps two CTAs per SM
+# The wgmma kernel at every M. At M <= 48 its x block is small and its CTAs light, and what wins
+# is a deeper pipeline and a split the example's heuristic does not pick: one H200 sweep
+# (2026-11-30) beat the fragment kernel at M = 32 on 34816x5120 (51.1 us against 60.5, 8-row steps
+# of x), 5120x6144 (17.9 against 23.2) and 16384x5120 (24.4 against 25.3), with 4-8 stages and a
+# split of 2-4; at M = 1-16 it won some cells and lost others by up to 9 %. An 8-row x block (the
+# smallest wgmma N) pads M <= 8 half as much as 16.
+WGMMA_SMALL_M = 48
+WGMMA_SMALL_STAGES = (4, 8)
+WGMMA_MIN_BLOCK_X = 8
+WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipeline that keeps two CTAs per SM
 WGMMA_SPLITS = (2, 4, 8)  # N = 5120 gives only 40 tiles per x block
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
 
 
+def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
+    hopper = maint.hopper
+    tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
+    W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split)  # noqa: E731
+    if m <= WGMMA_SMALL_M:
+        blocks = dict.fromkeys(b for b in (WGMMA_MIN_BLOCK_X, tight.block_x) if b >= m or b == tight.block_x)
+        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
+    out = [tight]
+    for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
+        out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
+        out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
+    return out
+
+
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (about ten; compiling is the tuner's cost): both heuristics'
+    """Configs worth timing at this M (10-30; compiling is the tuner's cost): both heuristics'
     choices, the fragment kernel over every split with one or two k groups, stream-K over the
-    heuristic's tile, and on sm_90 the wgmma kernel."""
+    heuristic's tile, and on sm_90 the wgmma kernel (``wgmma_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
@@ -68,13 +88,8 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
             out += [maint.StreamKConfig(s.block_m, s.block_n, s.block_k, 1, s.warps_n, s.stages, c) for c in STREAMK_CTAS_PER_SM]
     else:
         out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
-    if arch == "sm_90" and m >= WGMMA_MIN_M:
-        hopper = maint.hopper
-        tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
-        out.append(tight)
-        for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
-            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
-            out += [hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
+    if arch == "sm_90":
+        out += wgmma_candidates(m, n, k, sm_count)
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 

@@ -27,6 +27,7 @@ ATOMS = WARPGROUP_ROWS // WGMMA_ATOM_M  # m64 atoms per warpgroup: a fragment bl
 SWIZZLE_K = 64  # bf16 values per 128-byte swizzled row of the x tile, the wgmma B operand
 SWIZZLE_128B = 1  # the wgmma descriptor's layout type for 128-byte swizzling
 SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride between 8-row groups
+X_BLOCK_STEP = 8  # x blocks are multiples of 8 rows: wgmma's n step and the x tile's swizzle atom
 X_CHUNK = 8  # bf16 values per 16-byte cp.async
 WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
 MAX_BLOCK_X = 128  # ATOMS x block_x / 2 FP32 accumulators per thread: 128 at most
@@ -70,7 +71,7 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
 
 
 class WgmmaConfig(NamedTuple):
-    """``block_x`` rows of x per CTA (the wgmma N: a multiple of 16, at most 128 so the accumulators
+    """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
     see ``build_wgmma_kernel``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example)."""
 
@@ -80,6 +81,7 @@ class WgmmaConfig(NamedTuple):
     split_k: int = 1
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
+    BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
 
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split)."""
@@ -147,8 +149,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
     example.check_config(config, n, k, config_types)
     if config.block_k != SWIZZLE_K:
         raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} (one 128-byte swizzled row)")
-    if config.block_x % 16 or config.block_x > MAX_BLOCK_X:
-        raise ValueError(f"config {config}: block_x must be a multiple of 16 and at most {MAX_BLOCK_X}")
+    if config.block_x % X_BLOCK_STEP or config.block_x > MAX_BLOCK_X:
+        raise ValueError(f"config {config}: block_x must be a multiple of {X_BLOCK_STEP} and at most {MAX_BLOCK_X}")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
 

@@ -47,7 +47,11 @@ def ptxas_report(source: str) -> str:
 
 @pytest.mark.parametrize(
     "n, k, config",
-    [(5120, 6144, wg.WgmmaConfig(128, 64, 4)), (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4))],  # 96 and 9 k tiles
+    [
+        (5120, 6144, wg.WgmmaConfig(128, 64, 4)),
+        (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4)),  # 96 and 9 k tiles
+        (34816, 5120, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # the smallest x block
+    ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
     """The kernel's overlap holds only if ptxas keeps the wgmmas asynchronous: when it cannot prove
@@ -71,8 +75,28 @@ def test_heuristic_picks_it_on_sm90_only():
 def test_tuner_offers_it_only_on_sm90():
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
-    assert any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(64, 5120, 6144, "sm_90"))
-    assert not any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(64, 5120, 6144, "sm_120"))
+    for m in (1, 8, 17, 48, 64, 1024):
+        assert any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(m, 5120, 6144, "sm_90"))
+        assert not any(isinstance(c, wg.WgmmaConfig) for c in tune.candidates(m, 5120, 6144, "sm_120"))
+
+
+def test_tuner_pads_decode_m_to_8_rows():
+    """At M <= 8 the tuner offers 8-row x blocks (wgmma's smallest N) beside 16, over stages and splits."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    for m in (1, 8):
+        blocks = {c.block_x for c in tune.candidates(m, 34816, 5120, "sm_90") if isinstance(c, wg.WgmmaConfig)}
+        assert blocks == {8, 16}
+    offered = set(tune.candidates(1, 34816, 5120, "sm_90"))
+    assert wg.WgmmaConfig(8, 64, 8, 2) in offered and wg.WgmmaConfig(8, 64, 4, 1) in offered
+    assert {c.block_x for c in tune.candidates(32, 34816, 5120, "sm_90") if isinstance(c, wg.WgmmaConfig)} == {32}
+
+
+def test_x_blocks_step_by_8_rows_for_wgmma_only():
+    wg.check_wgmma_config(wg.WgmmaConfig(8, 64, 4), 4096, 4096)
+    wg.check_wgmma_config(wg.WgmmaConfig(24, 64, 4), 4096, 4096)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nv.check_config(nv.FragConfig(block_m=8), 4096, 4096)
 
 
 def test_refuses_other_archs(monkeypatch):
@@ -84,7 +108,7 @@ def test_refuses_other_archs(monkeypatch):
 
 @pytest.mark.parametrize(
     "config",
-    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=24), wg.WgmmaConfig(block_x=144), wg.WgmmaConfig(stages=2)],
+    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=12), wg.WgmmaConfig(block_x=136), wg.WgmmaConfig(stages=2)],
 )
 def test_bad_configs(config):
     with pytest.raises(ValueError):
@@ -126,6 +150,9 @@ REFERENCE_CASES = [
     (300, 640, 2304, wg.WgmmaConfig(128, 64, 4, split_k=2)),
     (70, 640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4)),  # 9 k tiles per split: the odd first tile
     (33, 640, 2304, wg.WgmmaConfig(48, 64, 6)),
+    (1, 5120, 6144, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # 8-row x blocks: wgmma's smallest N
+    (8, 4096, 4096, wg.WgmmaConfig(8, 64, 4, split_k=8)),
+    (20, 640, 2304, wg.WgmmaConfig(24, 64, 4)),  # an x block of 8 rows times an odd number
 ]
 
 
