@@ -91,7 +91,12 @@ class WgmmaConfig(NamedTuple):
 
 
 DEFAULT_STAGES = 4
-HEURISTIC_MIN_M = 64  # from here on it beat the fragment and tile kernels in every H200 cell measured
+# From M = 17 the tuned H200 table (2026-11-30) took this kernel in every shape, over the fragment
+# kernel; at M <= 16 the two traded cells. Below SMALL_M the x block is small and a CTA light, and the
+# winners split only until every SM had a CTA: 5120x6144 M = 32 ran 17.9 us split 4 against 22.6 us
+# split 8 (two CTAs per SM).
+HEURISTIC_MIN_M = 17
+SMALL_M = 64  # from here (2026-11-29 measurements) the split aims at two CTAs per SM
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 
 
@@ -109,9 +114,10 @@ def _tiles(m: int, n: int, block_x: int) -> int:
     return n // WARPGROUP_ROWS * -(-m // block_x)
 
 
-def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
-    """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic."""
-    split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
+def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int, ctas_per_sm: int = 2) -> WgmmaConfig:
+    """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
+    (splitting towards ``ctas_per_sm`` CTAs per SM)."""
+    split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, ctas_per_sm * sm_count, sm_count)
     return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split)
 
 
@@ -122,10 +128,10 @@ def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
 def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> WgmmaConfig:
     """The weights are dequantized once per x block, so: the fewest x blocks of at most 128 rows that
     cover M, each as small as that allows (a multiple of 16), split-K as in the example's heuristic
-    where the tiles would leave half of the SMs idle."""
+    where the tiles would leave half of the SMs idle (towards one CTA per SM below ``SMALL_M``)."""
     m = min(m, example.MAX_M_PER_LAUNCH)
     x_blocks = -(-m // MAX_BLOCK_X)
-    return _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count)
+    return _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count, 1 if m < SMALL_M else 2)
 
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
@@ -134,12 +140,13 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
     half of the SMs a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128: 22.1 us
-    against 33.8 for one 128-row block split twice)."""
+    against 33.8 for one 128-row block split twice). Below ``SMALL_M``, the tight block split
+    towards one CTA per SM (the tuned table's choice at M = 17-48; not yet measured on untuned shapes)."""
     if m < HEURISTIC_MIN_M:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)
-    if 2 * _ctas(tight, m, n) >= sm_count:
+    if m < SMALL_M or 2 * _ctas(tight, m, n) >= sm_count:
         return tight
     narrow = _x_blocked(m, n, k, NARROW_BLOCK_X, sm_count)
     return narrow if _ctas(narrow, m, n) > _ctas(tight, m, n) else tight

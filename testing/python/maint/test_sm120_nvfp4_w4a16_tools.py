@@ -70,7 +70,7 @@ def test_tuner_candidates_fit(arch, m):
         fragment_rows = nv.get_config(m, n, k).kernel_shape().block_m if m <= nv.FRAG_MAX_M else 0
         assert sk.StreamKConfig not in kinds or fragment_rows >= sk.STREAMK_MIN_BLOCK_M
         assert (sk.StreamKConfig in kinds) or fragment_rows < sk.STREAMK_MIN_BLOCK_M or n != 34816
-        assert (sk.hopper.WgmmaConfig in kinds) == (arch == "sm_90" and m >= tune.WGMMA_MIN_M)
+        assert (sk.hopper.WgmmaConfig in kinds) == (arch == "sm_90")  # at every M
         deep_k = any(getattr(c, "block_k", 0) == tune.FRAG_DEEP_K for c in configs)
         assert deep_k == (fragment_rows == 16)  # every K here holds three 256-deep k tiles
         for c in configs:

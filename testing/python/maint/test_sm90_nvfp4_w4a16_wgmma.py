@@ -136,6 +136,19 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
         assert 2 * (4096 // wg.WARPGROUP_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
+def test_heuristic_splits_small_m_towards_one_cta_per_sm():
+    """Below SMALL_M a split stops once every SM has a CTA (split 4 at 5120x6144, M = 32: 160 CTAs;
+    none at 16384x5120, 128 CTAs), within the example's limits on partials traffic."""
+    assert wg.get_wgmma_config(32, 5120, 6144) == wg.WgmmaConfig(32, 64, wg.DEFAULT_STAGES, 4)
+    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 64, wg.DEFAULT_STAGES, 1)
+    for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304)]:
+        for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
+            c = wg.get_wgmma_config(m, n, k)
+            tiles = n // wg.WARPGROUP_ROWS * -(-m // c.block_x)
+            assert c.split_k == 1 or tiles * c.split_k // 2 < 132, (m, n, k, c)
+            wg.check_wgmma_config(c, n, k)
+
+
 SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3), wg.WgmmaConfig(64, 64, 3, split_k=2)]
 GRAPH_CONFIGS = [wg.WgmmaConfig(96, 64, 3), wg.WgmmaConfig(96, 64, 3, split_k=4)]
 REFERENCE_CASES = [
