@@ -15,6 +15,7 @@ import json
 import math
 import pathlib
 import sys
+from typing import Optional
 
 import torch
 
@@ -93,8 +94,9 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
-def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress) -> list:
-    """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference."""
+def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
+    """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
+    Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given."""
     copies = bench.copies_for(bench.weight_bytes(n, k))
     raw = [nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(copies)]
     weights = [nv.prepare_nvfp4_weight(*r) for r in raw]
@@ -107,6 +109,8 @@ def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress) ->
             calls = [lambda w=w, c=config: maint.nvfp4_w4a16_linear(x, w, c) for w in weights]
             timed.append((nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0)).per_call_us(), config))
         timed.sort(key=lambda t: t[0])
+        if timings is not None:
+            timings += [{"n": n, "k": k, "m": m, "us": us, **maint.config_to_json(config)} for us, config in timed]
         ref = nv.reference_nvfp4_linear(x, *raw[0])
         for us, config in timed:  # the fastest config that also passes the reference check
             if nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weights[0], config), ref)["ok"]:
@@ -138,6 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ms", type=lambda t: [int(v) for v in t.split(",")], default=bench.DEFAULT_MS, help="M breakpoints")
     parser.add_argument("--out", help="table file (default: tuned/<this GPU's key>.json beside this script)")
     parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now")
+    parser.add_argument("--timings", help="also write every candidate's time to this JSON file (for heuristics)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: a table is measured on the GPU it is for")
@@ -147,9 +152,11 @@ def main(argv=None) -> int:
     ms = sorted(set(args.ms))
     nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
-    entries = []
+    entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:
-        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress))
+        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings))
+    if args.timings:
+        pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
     if args.update and path.exists():
         tuned = set(args.shapes)
         entries = [e for e in json.loads(path.read_text())["entries"] if (e["n"], e["k"]) not in tuned] + entries

@@ -1,6 +1,7 @@
 """CPU tests for the benchmark and the tuner: the parts that need no GPU (layer weighting, floors,
 the report, the plot, candidate configs and how winners become table entries)."""
 
+import json
 import pathlib
 import sys
 
@@ -101,3 +102,22 @@ def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
     untuned = bench.dispatched_configs(300, 4096, 4096, "tuned", cpu)
     assert untuned == {sk.heuristic_config(300, 4096, 4096, arch="sm_90", sm_count=132)}
     assert bench.dispatched_configs(300, 4096, 4096, "example", cpu) == {nv.get_config(300, 4096, 4096, sm_count=132)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_tuner_writes_its_table_and_every_candidate_time(tmp_path):
+    """A whole tuning run on one small shape: one timing row per candidate and M, and each table
+    entry holds a config that was timed at its M (the fastest verified one)."""
+    import torch
+
+    arch = nv.device_arch(torch.device("cuda"))
+    table, timings = tmp_path / "table.json", tmp_path / "timings.json"
+    assert tune.main(["--shapes", "256x1024", "--ms", "1,64", "--out", str(table), "--timings", str(timings)]) == 0
+    rows = json.loads(timings.read_text())["timings"]
+    entries = json.loads(table.read_text())["entries"]
+    for m in (1, 64):
+        timed = [r for r in rows if r["m"] == m]
+        assert len(timed) == len(tune.candidates(m, 256, 1024, arch)) and all(r["us"] > 0 for r in timed)
+        (entry,) = [e for e in entries if e["m_min"] <= m <= e["m_max"]]
+        assert {"kind": entry["kind"], "config": entry["config"]} in [{"kind": r["kind"], "config": r["config"]} for r in timed]
