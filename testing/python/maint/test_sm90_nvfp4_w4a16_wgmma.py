@@ -63,7 +63,7 @@ def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
 
 
 def test_heuristic_picks_it_on_sm90_only():
-    for n, k in [(16384, 5120), (5120, 6144), (640, 2304)]:
+    for n, k in [(16384, 5120), (5120, 6144), (640, 2304), (128, 256), (384, 768)]:  # down to the smallest weight
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
             assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), wg.WgmmaConfig)
             on_hopper = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
