@@ -55,7 +55,10 @@ WGMMA_SMALL_M = 48
 WGMMA_SMALL_STAGES = (4, 8)
 WGMMA_MIN_BLOCK_X = 8
 WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipeline that keeps two CTAs per SM
-WGMMA_SPLITS = (2, 4, 8)  # N = 5120 gives only 40 tiles per x block
+# N = 5120 gives only 40 tiles per x block. Splits of 3 and 6 fit K = 6144 (96 k tiles) and fill the
+# two CTA slots of every SM where powers of two leave a third empty (5120x6144 M = 256: 80 tiles x 3
+# = 240 CTAs for 264 slots; split 2 gives 160); a split must divide the k tiles (``fits``).
+WGMMA_SPLITS = (2, 3, 4, 6, 8)
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
 
 
@@ -65,7 +68,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = dict.fromkeys(b for b in (WGMMA_MIN_BLOCK_X, tight.block_x) if b >= m or b == tight.block_x)
-        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
+        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]  # fmt: skip
     out = [tight]
     for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
         out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]

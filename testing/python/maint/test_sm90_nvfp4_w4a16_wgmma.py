@@ -166,6 +166,8 @@ REFERENCE_CASES = [
     (1, 5120, 6144, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # 8-row x blocks: wgmma's smallest N
     (8, 4096, 4096, wg.WgmmaConfig(8, 64, 4, split_k=8)),
     (20, 640, 2304, wg.WgmmaConfig(24, 64, 4)),  # an x block of 8 rows times an odd number
+    (256, 5120, 6144, wg.WgmmaConfig(128, 64, 4, split_k=3)),  # splits need not be powers of two
+    (40, 640, 2304, wg.WgmmaConfig(48, 64, 4, split_k=6)),  # 6 k tiles per split
 ]
 
 
