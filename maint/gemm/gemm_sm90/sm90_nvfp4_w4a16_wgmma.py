@@ -162,28 +162,40 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
 
 
-def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
-    """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)).
+class WgmmaPipeline(NamedTuple):
+    """The pieces of the wgmma kernel that do not depend on how a CTA's work is chosen, for one x
+    block and stage count (see ``wgmma_pipeline``)."""
 
-    The pipeline is written by hand so that one wgmma stays in flight while the next k tile is
-    dequantized: k tile ``t`` waits for its stage, issues the loads of tile ``t + stages - 2``,
-    dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for tile
-    ``t - 1``'s. So the tensor cores work while the integer units dequantize, and the stage a load
-    overwrites (tile ``t - 2``'s) and the A half a dequant overwrites were both released by the
-    previous k tile's wait, which every warp passed before this k tile's barrier.
+    acc_size: int
+    a_size: int
+    x_row: object
+    w_row: object
+    segment: object
+
+
+def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
+    """The hand-written pipeline, as TileLang macros.
+
+    ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count,
+    kt0, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count`` of weight tile
+    ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing in flight.
+    ``count`` may be a Python int (the split-K kernel) or a run-time value.
+
+    It keeps one wgmma in flight while the next k tile is dequantized: k tile ``t`` waits for its
+    stage, issues the loads of tile ``t + stages - 2``, dequantizes into half ``t % 2`` of the A
+    registers, issues its wgmma and waits only for tile ``t - 1``'s. So the tensor cores work while
+    the integer units dequantize, and the stage a load overwrites (tile ``t - 2``'s) and the A half a
+    dequant overwrites were both released by the previous k tile's wait, which every warp passed
+    before this k tile's barrier.
     """
     import tilelang.language as T
 
-    bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
+    bx, bk = block_x, SWIZZLE_K
     rows = threads = WARPGROUP_ROWS  # one warp per 32-row fragment block
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
-    k_tiles = k // split_k // bk
     a_size = bk // 16 * ATOMS * 8  # bf16 per thread and k tile: [k16 step][m64 atom][4 registers]
     acc_size = ATOMS * bx // 2  # per atom: bx / 8 column groups x 4 floats
     x_stage_bytes = bx * bk * 2
-    exchange = example.split_k_exchange(n, split_k, acc_size)
-    M = T.dynamic("m")
-    ops = example.operands(n, k, M)
 
     # Accumulator q = (p * bx / 8 + i) * 4 + c holds atom row 16w + 8(c // 2) + g, i.e. weight row
     # 32w + 16p + 8(c // 2) + g, and x row 8i + 2t + c % 2 (the wgmma D-fragment layout).
@@ -192,8 +204,6 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
     def w_row(q, bn, lane, warp):
         return bn * rows + warp * 32 + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
-
-    store = example.scaled_store(acc_size)
 
     load_x = x_tile_loader(bx, bk, threads)
 
@@ -228,15 +238,15 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         T.ptx_commit_group()
 
     @T.macro
-    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, t, half, kt0, bm, bn, m, tx):
-        """k tile ``t`` (see above), its A registers in ``half``."""
+    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, t, half, count, kt0, bm, bn, m, tx):
+        """k tile ``t`` of ``count`` (see above), its A registers in ``half``."""
         lane = tx % 32
         warp = tx // 32
         stage = t % stages
         T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
         T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
         T.sync_threads()  # everyone's copies landed; everyone finished tile t - 2's wgmma
-        if t + stages - 2 < k_tiles:
+        if t + stages - 2 < count:
             load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + t + stages - 2, (t + stages - 2) % stages, bm, bn, m, tx)
         else:
             T.ptx_commit_group()  # an empty group keeps the wait counts uniform
@@ -270,6 +280,47 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
 
+    @T.macro
+    def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, m, tx):
+        for i in T.unroll(acc_size):
+            acc[i] = 0.0
+        for s in T.unroll(stages - 2):
+            if s < count:
+                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + s, s, bm, bn, m, tx)
+            else:
+                T.ptx_commit_group()
+        # Unrolled by two so that each half of the A registers has a fixed name. An odd first
+        # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
+        # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
+        if count % 2 == 1:
+            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, 0, 1, count, kt0, bm, bn, m, tx)
+            T.warpgroup_wait(0)
+        for t2 in T.serial(count // 2):
+            for half in T.unroll(2):
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, bm, bn, m, tx)
+        T.warpgroup_wait(0)
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        T.ptx_wait_group(0)
+
+    return WgmmaPipeline(acc_size, a_size, x_row, w_row, segment)
+
+
+def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
+    """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)): each
+    CTA runs one ``wgmma_pipeline`` segment over its split's k tiles, then stores or exchanges."""
+    import tilelang.language as T
+
+    bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
+    rows = threads = WARPGROUP_ROWS
+    blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
+    k_tiles = k // split_k // bk
+    pipe = wgmma_pipeline(bx, stages)
+    acc_size, x_row, w_row = pipe.acc_size, pipe.x_row, pipe.w_row
+    exchange = example.split_k_exchange(n, split_k, acc_size)
+    store = example.scaled_store(acc_size)
+    M = T.dynamic("m")
+    ops = example.operands(n, k, M)
+
     @T.prim_func
     def nvfp4_w4a16_wgmma(
         x: ops.x,
@@ -284,7 +335,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
             code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
             scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
-            a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
+            a_regs = T.alloc_local((2 * pipe.a_size,), T.bfloat16)  # two halves: one in flight, one filling
             b_regs = T.alloc_local((32,), T.bfloat16)
             acc = T.alloc_local((acc_size,), T.float32)
             desc = T.alloc_wgmma_desc()
@@ -292,25 +343,8 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            kt0 = bk_index * k_tiles
             T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
-            for i in T.unroll(acc_size):
-                acc[i] = 0.0
-            for s in T.unroll(stages - 2):
-                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + s, s, bm, bn, M, tx)
-
-            # Unrolled by two so that each half of the A registers has a fixed name. An odd first
-            # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
-            # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
-            if k_tiles % 2:
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, 0, 1, kt0, bm, bn, M, tx)
-                T.warpgroup_wait(0)
-            for t2 in T.serial(k_tiles // 2):
-                for half in T.unroll(2):
-                    k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles % 2 + 2 * t2 + half, half, kt0, bm, bn, M, tx)
-            T.warpgroup_wait(0)
-            T.warpgroup_fence_operand(acc, num_regs=acc_size)
-            T.ptx_wait_group(0)
+            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, bm, bn, M, tx)
             if split_k == 1:
                 store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
             else:
