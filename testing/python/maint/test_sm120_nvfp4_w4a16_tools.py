@@ -78,6 +78,18 @@ def test_tuner_candidates_fit(arch, m):
             assert tune.fits(c, n, k, arch)
 
 
+def test_tuner_offers_fragment_tiles_two_of_which_fit_an_sm120_sm():
+    """On sm_120 (100 KB per SM) the heuristic's M = 1 tile (53 KB) leaves one CTA per SM; the tuner
+    also offers tiles of which two or more fit. On sm_90 (228 KB: four fit) it does not."""
+    for n, k in [(34816, 5120), (5120, 6144)]:
+        heuristic = nv.get_config(1, n, k)
+        assert tune.ctas_per_sm(heuristic, "sm_120") == 1 and tune.ctas_per_sm(heuristic, "sm_90") == 4
+        sm120 = [c for c in tune.candidates(1, n, k, "sm_120") if isinstance(c, nv.FragConfig)]
+        assert any(tune.ctas_per_sm(c, "sm_120") >= 2 for c in sm120)
+        sm90 = [c for c in tune.candidates(1, n, k, "sm_90") if isinstance(c, nv.FragConfig)]
+        assert not any((c.block_k, c.stages) in tune.FRAG_OCCUPANCY_SHAPES for c in sm90)
+
+
 def test_winners_become_merged_m_ranges():
     a, b = nv.FragConfig(16, 128, 128, 2, 4), sk.StreamKConfig()
     winners = [(1, a, 9.0), (4, a, 9.5), (16, b, 10.0), (64, a, 20.0)]
