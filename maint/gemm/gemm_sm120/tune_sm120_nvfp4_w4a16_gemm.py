@@ -73,12 +73,13 @@ def ctas_per_sm(config, arch: str) -> int:
 
 
 def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
+    """The wgmma kernel's candidates at this M (sm_90 only; ``candidates`` filters what does not fit)."""
     hopper = maint.hopper
     tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
     W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split)  # noqa: E731
     if m <= WGMMA_SMALL_M:
-        blocks = dict.fromkeys(b for b in (WGMMA_MIN_BLOCK_X, tight.block_x) if b >= m or b == tight.block_x)
-        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]  # fmt: skip
+        blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
+        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
     out = [tight]
     for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
         out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
@@ -87,7 +88,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (10-30; compiling is the tuner's cost): both heuristics'
+    """Configs worth timing at this M (15-45; compiling is the tuner's cost): both heuristics'
     choices, the fragment kernel over every split with one or two k groups, stream-K over the
     heuristic's tile, and on sm_90 the wgmma kernel (``wgmma_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
