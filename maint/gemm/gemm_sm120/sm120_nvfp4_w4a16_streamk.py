@@ -62,10 +62,30 @@ class StreamKConfig(NamedTuple):
         return example.KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, 1)
 
 
-# WgmmaConfig (maint/gemm/gemm_sm90) runs on sm_90 only: explicit configs, sm_90 tables and the
-# sm_90 branch of heuristic_config name it, so sm_120 never sees it.
-AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
-CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
+class WgmmaStreamKConfig(NamedTuple):
+    """Stream-K over the wgmma kernel (sm_90 only): ``ctas_per_sm`` persistent CTAs per SM, each
+    running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows."""
+
+    block_x: int = 128
+    block_k: int = hopper.SWIZZLE_K
+    stages: int = 4
+    ctas_per_sm: int = 2
+
+    SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
+    BLOCK_M_STEP = hopper.X_BLOCK_STEP
+
+    def segment_config(self) -> hopper.WgmmaConfig:
+        """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages)
+
+    def kernel_shape(self) -> example.KernelShape:
+        return self.segment_config().kernel_shape()
+
+
+# The wgmma configs (maint/gemm/gemm_sm90) run on sm_90 only: explicit configs, sm_90 tables and
+# the sm_90 branch of heuristic_config name them, so sm_120 never sees them.
+AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig]
+CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
 x_swizzled = hopper.x_swizzled  # the x tiles are laid out and loaded as the wgmma kernel's
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
@@ -104,6 +124,48 @@ def streamk_cta_of(i, iterations, grid):
     return ((i + 1) * grid - 1) // iterations
 
 
+def streamk_fixup(acc_size: int, threads: int, k_tiles: int):
+    """The deterministic reduction of an output tile cut between stream-K CTAs, as a macro:
+    ``fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store)``.
+
+    CTA ``g`` (its range starts at iteration ``begin``) writes its piece ``acc`` of ``tile`` to its
+    partial slot 0 (its first tile) or 1 (its last). The CTA that takes the tile's last ticket sums
+    every piece in CTA order, so the result does not depend on arrival order, hands the sum to
+    ``store(acc)`` (a Python callable that emits the store) and resets the ticket for the next launch.
+    """
+    import tilelang.language as T
+
+    @T.macro
+    def fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store):
+        tile_begin = tile * k_tiles
+        # Slot 0 holds the piece of a CTA's first tile, slot 1 that of its last.
+        slot = T.if_then_else(begin >= tile_begin, 0, 1)
+        for q in T.unroll(acc_size):
+            partials[((g * PARTIAL_SLOTS_PER_CTA + slot) * acc_size + q) * threads + tx] = acc[q]
+        T.evaluate(T.call_extern("handle", "__threadfence"))
+        T.sync_threads()
+        # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
+        first_cta = streamk_cta_of(tile_begin, iterations, grid)
+        last_cta = streamk_cta_of(tile_begin + k_tiles - 1, iterations, grid)
+        if tx == 0:
+            ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
+        T.sync_threads()
+        if ticket[0] == last_cta - first_cta:
+            T.evaluate(T.call_extern("handle", "__threadfence"))
+            for q in T.unroll(acc_size):
+                acc[q] = 0.0
+            for c in T.serial(first_cta, last_cta + 1):  # fixed order: CTA order
+                c_slot = T.if_then_else(streamk_range(c, iterations, grid)[0] >= tile_begin, 0, 1)
+                for q in T.unroll(acc_size):
+                    at = ((c * PARTIAL_SLOTS_PER_CTA + c_slot) * acc_size + q) * threads + tx
+                    acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+            store(acc)
+            if tx == 0:
+                tickets[tile] = 0
+
+    return fixup
+
+
 def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_positive_grid: bool = True):
     """The stream-K kernel for an ``N x K`` weight; the grid size ``G`` is a run-time scalar.
 
@@ -121,6 +183,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     tiles_n = n // bn_
     wt = example.warp_tile(shape)
     load_x = hopper.x_tile_loader(bm_, bk_, threads)
+    fixup = streamk_fixup(wt.acc_size, threads, k_tiles)
 
     @T.macro
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m, m, tx):
@@ -202,35 +265,81 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
                     if begin <= tile_begin and it == tile_begin + k_tiles - 1:
                         wt.store_output(acc, y, alpha_x128, row0, col0, M)  # the whole tile: no partials
                     else:
-                        # Slot 0 holds the piece of a CTA's first tile, slot 1 that of its last.
-                        slot = T.if_then_else(begin >= tile_begin, 0, 1)
-                        for q in T.unroll(wt.acc_size):
-                            partials[((g * PARTIAL_SLOTS_PER_CTA + slot) * wt.acc_size + q) * threads + tx] = acc[q]
-                        T.evaluate(T.call_extern("handle", "__threadfence"))
-                        T.sync_threads()
-                        # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
-                        first_cta = streamk_cta_of(tile_begin, iterations, grid)
-                        last_cta = streamk_cta_of(tile_begin + k_tiles - 1, iterations, grid)
-                        if tx == 0:
-                            ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
-                        T.sync_threads()
-                        if ticket[0] == last_cta - first_cta:
-                            T.evaluate(T.call_extern("handle", "__threadfence"))
-                            for q in T.unroll(wt.acc_size):
-                                acc[q] = 0.0
-                            for c in T.serial(first_cta, last_cta + 1):  # fixed order: CTA order
-                                c_slot = T.if_then_else(streamk_range(c, iterations, grid)[0] >= tile_begin, 0, 1)
-                                for q in T.unroll(wt.acc_size):
-                                    at = ((c * PARTIAL_SLOTS_PER_CTA + c_slot) * wt.acc_size + q) * threads + tx
-                                    acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
-                            wt.store_output(acc, y, alpha_x128, row0, col0, M)
-                            if tx == 0:
-                                tickets[tile] = 0
+                        fixup(
+                            acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
+                            lambda acc: wt.store_output(acc, y, alpha_x128, row0, col0, M),
+                        )  # fmt: skip
                     for q in T.unroll(wt.acc_size):
                         acc[q] = 0.0
             T.ptx_wait_group(0)
 
     return nvfp4_w4a16_streamk
+
+
+def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
+    """Stream-K over the wgmma kernel for an ``N x K`` weight (sm_90a); the grid size is a run-time scalar.
+
+    Output tile ``t`` is x block ``t % tiles_x`` of weight tile ``t // tiles_x`` (neighbouring x blocks
+    share weights through L2). CTA ``g``'s range of (tile, k tile) iterations is cut into segments,
+    one per tile it touches; each runs the wgmma kernel's pipeline with a run-time k-tile count. A
+    segment that covers its whole tile stores it; pieces go through ``streamk_fixup``.
+    """
+    import tilelang.language as T
+
+    bx, stages = config.block_x, config.stages
+    threads = hopper.WARPGROUP_ROWS
+    k_tiles = k // config.block_k
+    tiles_n = n // hopper.WARPGROUP_ROWS
+    pipe = hopper.wgmma_pipeline(bx, stages)
+    store = example.scaled_store(pipe.acc_size)
+    fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)
+    M = T.dynamic("m")
+    ops = example.operands(n, k, M)
+
+    @T.prim_func
+    def nvfp4_w4a16_wgmma_streamk(
+        x: ops.x,
+        codes: ops.codes,
+        scales: ops.scales,
+        alpha_x128: ops.alpha_x128,
+        y: ops.y,
+        partials: ops.partials,
+        tickets: ops.tickets,
+        grid: T.int32,
+    ):
+        with T.Kernel(grid, threads=threads) as g:
+            x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = pipe.setup()
+            ticket = T.alloc_shared((1,), T.int32)
+            # A segment's tile coordinates and k range, computed once into registers: as expressions
+            # they were re-evaluated, with run-time divisions, in every unrolled accumulator's store.
+            segment = T.alloc_local((4,), T.int32)
+            T.assume(grid > 0)
+            T.assume(M > 0)
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            tiles_x = T.ceildiv(M, bx)
+            iterations = tiles_x * tiles_n * k_tiles
+            begin, end = streamk_range(g, iterations, grid)
+            for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
+                segment[0] = tile % tiles_x
+                segment[1] = tile // tiles_x
+                segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
+                segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
+                bm, bn, count, kt0 = segment[0], segment[1], segment[2], segment[3]
+                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, M, tx)
+                T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
+                row_of = lambda q: pipe.x_row(q, bm, lane)  # noqa: E731
+                col_of = lambda q: pipe.w_row(q, bn, lane, warp)  # noqa: E731
+                if count == k_tiles:
+                    store(acc, row_of, col_of, y, alpha_x128, M)  # the whole tile: no partials
+                else:
+                    fixup(
+                        acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
+                        lambda acc: store(acc, row_of, col_of, y, alpha_x128, M),
+                    )  # fmt: skip
+
+    return nvfp4_w4a16_wgmma_streamk
 
 
 def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_positive_grid: bool = True):
@@ -246,12 +355,38 @@ def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_pos
 STREAMK_PASS_CONFIGS = hopper.HAND_PIPELINE_PASS_CONFIGS
 
 
+def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> None:
+    """The wgmma kernel's checks on the segment config, plus ``ctas_per_sm`` CTAs fitting one SM."""
+    example.check_config(config, n, k, CONFIG_TYPES)
+    try:
+        hopper.check_wgmma_config(config.segment_config(), n, k)
+    except ValueError as e:
+        raise ValueError(f"config {config}: {e}") from None
+    per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
+    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
+        raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
+
+
+def compile_wgmma_streamk(n: int, k: int, config: WgmmaStreamKConfig):
+    """Lower and compile stream-K over the wgmma kernel for sm_90a; needs nvcc, not a GPU."""
+    import tilelang
+
+    check_wgmma_streamk_config(config, n, k)
+    func = build_wgmma_streamk_kernel(n, k, config)
+    return tilelang.compile(func, target={"kind": "cuda", "arch": hopper.WGMMA_ARCH}, pass_configs=STREAMK_PASS_CONFIGS)
+
+
+HOPPER_CONFIGS = (hopper.WgmmaConfig, WgmmaStreamKConfig)
+
+
 def check_any_config(config: AnyConfig, n: int, k: int, arch: str) -> None:
     """Raise ``ValueError`` unless ``config`` (any kernel's) divides an ``n x k`` weight and runs on ``arch``."""
+    if isinstance(config, HOPPER_CONFIGS) and arch != "sm_90":
+        raise ValueError(f"config {config}: the wgmma kernels run on sm_90 only, not {arch}")
     if isinstance(config, hopper.WgmmaConfig):
-        if arch != "sm_90":
-            raise ValueError(f"config {config}: the wgmma kernel runs on sm_90 only, not {arch}")
         hopper.check_wgmma_config(config, n, k)
+    elif isinstance(config, WgmmaStreamKConfig):
+        check_wgmma_streamk_config(config, n, k)
     elif isinstance(config, StreamKConfig):
         check_streamk_config(config, n, k, smem_per_sm(arch))
     else:
@@ -262,6 +397,8 @@ def compile_any(n: int, k: int, config: AnyConfig, arch: str):
     """Compile whichever kernel ``config`` names (the wgmma kernel always for sm_90a)."""
     if isinstance(config, hopper.WgmmaConfig):
         return hopper.compile_wgmma(n, k, config)
+    if isinstance(config, WgmmaStreamKConfig):
+        return compile_wgmma_streamk(n, k, config)
     if isinstance(config, StreamKConfig):
         return compile_streamk(n, k, config, arch)
     return example.compile_kernel(n, k, config, arch)
@@ -276,15 +413,30 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
     check_streamk_config(config, w.n, w.k, smem_per_sm(arch))
     shape = config.kernel_shape()
     iterations = math.ceil(x.shape[0] / shape.block_m) * (w.n // shape.block_n) * (w.k // shape.block_k)
+    compile_fn = functools.partial(compile_streamk, w.n, w.k, config, arch)
+    _run_streamk(x, w, config, out, iterations, shape.block_m * shape.block_n, (w.n, w.k, shape, w.device.index), compile_fn)
+
+
+def launch_wgmma_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: WgmmaStreamKConfig, out: torch.Tensor) -> None:
+    """One launch of stream-K over the wgmma kernel on checked inputs (at most 1024 rows); sm_90 only."""
+    check_any_config(config, w.n, w.k, example.device_arch(w.device))
+    rows = hopper.WARPGROUP_ROWS
+    iterations = math.ceil(x.shape[0] / config.block_x) * (w.n // rows) * (w.k // config.block_k)
+    compile_fn = functools.partial(compile_wgmma_streamk, w.n, w.k, config)
+    _run_streamk(x, w, config, out, iterations, config.block_x * rows, (w.n, w.k, config, w.device.index), compile_fn)
+
+
+def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, compile_fn) -> None:
+    """What both stream-K launchers share: the grid, the 32-bit offset check, the kernel cache, the
+    partial slots (``tile_floats`` per slot) and the tickets."""
     grid = streamk_grid(example.sm_count(w.device), config.ctas_per_sm, iterations)
     if (iterations + 1) * (grid + 1) >= 2**31:
         raise ValueError(f"config {config}: {iterations} iterations x {grid} CTAs exceed 32-bit offsets")
-    key = (w.n, w.k, shape, w.device.index)
     kernel = _STREAMK_KERNELS.get(key)
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
-        kernel = _STREAMK_KERNELS[key] = compile_streamk(w.n, w.k, config, arch)
+        kernel = _STREAMK_KERNELS[key] = compile_fn()
     ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
-    partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * shape.block_m * shape.block_n, dtype=torch.float32, device=x.device)
+    partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * tile_floats, dtype=torch.float32, device=x.device)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid)
 
 
@@ -388,6 +540,7 @@ LAUNCHERS = {
     TileConfig: example.launch,
     StreamKConfig: launch_streamk,
     hopper.WgmmaConfig: hopper.launch_wgmma,
+    WgmmaStreamKConfig: launch_wgmma_streamk,
 }
 
 

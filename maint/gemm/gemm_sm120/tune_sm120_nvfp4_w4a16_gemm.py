@@ -65,6 +65,9 @@ WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipe
 # = 240 CTAs for 264 slots; split 2 gives 160); a split must divide the k tiles (``fits``).
 WGMMA_SPLITS = (2, 3, 4, 6, 8)
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
+# Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
+# 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
+WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -79,12 +82,14 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
-        return [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
-    out = [tight]
-    for bx in dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m):
-        out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
-        out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    return out
+        out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
+    else:
+        out = [tight]
+        blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))
+        for bx in blocks:
+            out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
+            out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
+    return out + [WGMMA_STREAMK._replace(block_x=bx) for bx in blocks]
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
@@ -107,7 +112,8 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
     if arch == "sm_90":
         out += wgmma_candidates(m, n, k, sm_count)
-    return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
+    unique = dict.fromkeys((type(c), c) for c in out)  # typed: config NamedTuples of equal fields compare equal
+    return [c for _, c in unique if fits(c, n, k, arch)]
 
 
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
@@ -144,7 +150,7 @@ def entries_from_winners(n: int, k: int, winners: list) -> list:
     entries, low = [], 1
     for i, (m, config, _) in enumerate(winners):
         high = nv.MAX_M_PER_LAUNCH if i == len(winners) - 1 else m
-        if entries and maint.config_from_json(entries[-1]) == config:
+        if entries and entries[-1]["kind"] == type(config).__name__ and maint.config_from_json(entries[-1]) == config:
             entries[-1]["m_max"] = high
         else:
             entries.append({"n": n, "k": k, "m_min": low, "m_max": high, **maint.config_to_json(config)})
