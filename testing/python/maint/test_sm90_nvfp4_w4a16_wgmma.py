@@ -178,6 +178,7 @@ def precompiled_wgmma_kernels():
     if ON_SM90:
         configs = {(n, k, c) for _, n, k, c in REFERENCE_CASES}
         configs |= {(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS} | {(5120, 6144, c) for c in GRAPH_CONFIGS}
+        configs |= {(n, k, c) for _, n, k, c in STREAMK_CASES}
         nv.precompile(configs, "sm_90", sk.compile_any)
 
 
@@ -226,3 +227,63 @@ def test_deepest_stages_keep_two_ctas_per_sm():
         per_cta = lambda s: wg.WgmmaConfig(bx, wg.SWIZZLE_K, s).kernel_shape().shared_bytes() + wg.CTA_RESERVED_SMEM  # noqa: E731
         assert 2 * per_cta(stages) <= wg.SM90_SMEM_PER_SM < 2 * per_cta(stages + 1)
         assert stages >= wg.DEFAULT_STAGES
+
+
+# ----------------------------------------------------------------------------------------------
+# Stream-K over the wgmma kernel (WgmmaStreamKConfig)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
+    """Each stream-K segment has a k-tile count known only at run time (its odd first tile is a
+    run-time branch); ptxas must still keep the wgmmas asynchronous."""
+    report = ptxas_report(sk.compile_wgmma_streamk(5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)).get_kernel_source())
+    assert "Used" in report and "C7513" not in report and "serialized" not in report, report
+
+
+@pytest.mark.parametrize(
+    "config",
+    [sk.WgmmaStreamKConfig(block_x=12), sk.WgmmaStreamKConfig(stages=2), sk.WgmmaStreamKConfig(ctas_per_sm=3), sk.WgmmaStreamKConfig(block_k=128)],
+)
+def test_streamk_bad_configs(config):
+    with pytest.raises(ValueError):
+        sk.check_any_config(config, 4096, 4096, "sm_90")
+
+
+def test_streamk_runs_on_sm90_only():
+    with pytest.raises(ValueError, match="sm_90 only"):
+        sk.check_any_config(sk.WgmmaStreamKConfig(), 4096, 4096, "sm_120")
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    for m in (1, 64, 256):
+        assert any(isinstance(c, sk.WgmmaStreamKConfig) for c in tune.candidates(m, 5120, 6144, "sm_90"))
+        assert not any(isinstance(c, sk.WgmmaStreamKConfig) for c in tune.candidates(m, 5120, 6144, "sm_120"))
+
+
+def test_streamk_config_round_trips_through_a_table_entry():
+    config = sk.WgmmaStreamKConfig(96, 64, 5, 2)
+    entry = sk.config_to_json(config)
+    assert entry["kind"] == "WgmmaStreamKConfig" and type(sk.config_from_json(entry)) is sk.WgmmaStreamKConfig
+
+
+STREAMK_CASES = [
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 80 tiles x 96 k tiles over 264 CTAs: every tile cut
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2)),  # 5 tiles x 36 k tiles: ranges inside one tile, odd counts
+    (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
+    (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("m, n, k, config", STREAMK_CASES)
+def test_streamk_matches_reference(m, n, k, config):
+    result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
+    assert result["ok"], result
+
+
+@needs_sm90
+def test_streamk_graph_replays_match_eager():
+    n, k, m = 5120, 6144, 256
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, sk.WgmmaStreamKConfig(128, 64, 4, 2)), x)
