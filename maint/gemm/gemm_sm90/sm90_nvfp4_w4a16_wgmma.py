@@ -167,15 +167,17 @@ class WgmmaPipeline(NamedTuple):
     block and stage count (see ``wgmma_pipeline``)."""
 
     acc_size: int
-    a_size: int
     x_row: object
     w_row: object
+    setup: object
     segment: object
 
 
 def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
     """The hand-written pipeline, as TileLang macros.
 
+    ``setup()`` allocates the shared stages and the registers and points the wgmma descriptor at
+    the x stages: ``x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = setup()``.
     ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count,
     kt0, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count`` of weight tile
     ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing in flight.
@@ -281,6 +283,19 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
 
     @T.macro
+    def setup():
+        x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
+        code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
+        scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
+        a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
+        b_regs = T.alloc_local((32,), T.bfloat16)
+        acc = T.alloc_local((acc_size,), T.float32)
+        desc = T.alloc_wgmma_desc()
+        T.import_source(example.DEQUANT_SOURCE)
+        T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
+        return x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc
+
+    @T.macro
     def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, m, tx):
         for i in T.unroll(acc_size):
             acc[i] = 0.0
@@ -302,7 +317,7 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.ptx_wait_group(0)
 
-    return WgmmaPipeline(acc_size, a_size, x_row, w_row, segment)
+    return WgmmaPipeline(acc_size, x_row, w_row, setup, segment)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -312,7 +327,6 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = threads = WARPGROUP_ROWS
-    blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages)
     acc_size, x_row, w_row = pipe.acc_size, pipe.x_row, pipe.w_row
@@ -332,18 +346,10 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
-            code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
-            scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
-            a_regs = T.alloc_local((2 * pipe.a_size,), T.bfloat16)  # two halves: one in flight, one filling
-            b_regs = T.alloc_local((32,), T.bfloat16)
-            acc = T.alloc_local((acc_size,), T.float32)
-            desc = T.alloc_wgmma_desc()
-            T.import_source(example.DEQUANT_SOURCE)
+            x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = pipe.setup()
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
             pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, bm, bn, M, tx)
             if split_k == 1:
                 store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
