@@ -814,7 +814,9 @@ def precompile(jobs, arch: str, compile_fn=None) -> None:
     compile_fn = compile_fn or compile_kernel
     context = multiprocessing.get_context("spawn")  # a forked CUDA/TVM process is not safe to reuse
     with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        for future in [pool.submit(_compile_for_cache, compile_fn, n, k, config, arch) for n, k, config in set(jobs)]:
+        # Keyed by the config's type too: config NamedTuples of equal fields compare equal.
+        unique = {(n, k, type(config), config) for n, k, config in jobs}
+        for future in [pool.submit(_compile_for_cache, compile_fn, n, k, config, arch) for n, k, _, config in unique]:
             future.result()
 
 

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     key, arch = maint.gpu_key(device), nv.device_arch(device)
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
-    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
+    nv.precompile([(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)], arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:
