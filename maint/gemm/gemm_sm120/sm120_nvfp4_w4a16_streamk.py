@@ -46,6 +46,7 @@ from sm120_nvfp4_w4a16_gemm import (  # noqa: E402,F401  (re-exported: one impor
 # ----------------------------------------------------------------------------------------------
 
 
+@example.config_type
 class StreamKConfig(NamedTuple):
     """Persistent stream-K: ``ctas_per_sm`` CTAs per SM, each with a ``block_m x block_n`` tile
     shape over a ``warps_m x warps_n`` warp grid, streaming ``stages`` cp.async stages of ``block_k``."""

@@ -70,6 +70,7 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
     return load
 
 
+@example.config_type
 class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
