@@ -661,6 +661,17 @@ def build_kernel(n: int, k: int, shape: KernelShape):
 # ----------------------------------------------------------------------------------------------
 
 
+def config_type(cls):
+    """Class decorator for the config NamedTuples: equal only to a config of the same type. As plain
+    tuples a TileConfig and a StreamKConfig (maint) with the same seven numbers would compare and
+    hash equal, and a set or dict of candidates would keep one of them."""
+    cls.__eq__ = lambda self, other: type(self) is type(other) and tuple.__eq__(self, other)
+    cls.__ne__ = lambda self, other: not self == other
+    cls.__hash__ = lambda self: hash((cls.__name__, tuple(self)))
+    return cls
+
+
+@config_type
 class FragConfig(NamedTuple):
     """Fragment kernel: one CTA row of ``block_m <= 64`` rows, one warp per 32 columns, split-K on
     grid.y. For decode-sized M; larger M runs as several ``block_m``-row passes (grid.z)."""
@@ -678,6 +689,7 @@ class FragConfig(NamedTuple):
         )
 
 
+@config_type
 class TileConfig(NamedTuple):
     """Tile kernel: a ``block_m x block_n`` tile per CTA over a ``warps_m x warps_n`` warp grid."""
 
@@ -814,9 +826,7 @@ def precompile(jobs, arch: str, compile_fn=None) -> None:
     compile_fn = compile_fn or compile_kernel
     context = multiprocessing.get_context("spawn")  # a forked CUDA/TVM process is not safe to reuse
     with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        # Keyed by the config's type too: config NamedTuples of equal fields compare equal.
-        unique = {(n, k, type(config), config) for n, k, config in jobs}
-        for future in [pool.submit(_compile_for_cache, compile_fn, n, k, config, arch) for n, k, _, config in unique]:
+        for future in [pool.submit(_compile_for_cache, compile_fn, n, k, config, arch) for n, k, config in set(jobs)]:
             future.result()
 
 

@@ -94,7 +94,7 @@ def run(shapes, layer_counts, ms, dispatch: str, verify: bool, on_cell=None) -> 
     The kernels the cells will launch are compiled first, in parallel (heuristic configs of untuned
     shapes would otherwise compile one at a time inside the run)."""
     device = torch.device("cuda")
-    jobs = [(n, k, c) for n, k in shapes for m in ms for c in dispatched_configs(m, n, k, dispatch, device)]
+    jobs = {(n, k, c) for n, k in shapes for m in ms for c in dispatched_configs(m, n, k, dispatch, device)}
     nv.precompile(jobs, nv.device_arch(device), maint.compile_any)
     separator_buffer = torch.zeros(1, device="cuda")
     separator = lambda: separator_buffer.add_(1.0)  # noqa: E731  (one tiny kernel between calls)

@@ -46,6 +46,7 @@ from sm120_nvfp4_w4a16_gemm import (  # noqa: E402,F401  (re-exported: one impor
 # ----------------------------------------------------------------------------------------------
 
 
+@example.config_type
 class StreamKConfig(NamedTuple):
     """Persistent stream-K: ``ctas_per_sm`` CTAs per SM, each with a ``block_m x block_n`` tile
     shape over a ``warps_m x warps_n`` warp grid, streaming ``stages`` cp.async stages of ``block_k``."""
@@ -62,6 +63,7 @@ class StreamKConfig(NamedTuple):
         return example.KernelShape(self.block_m, self.block_n, self.block_k, self.warps_m, self.warps_n, self.stages, 1)
 
 
+@example.config_type
 class WgmmaStreamKConfig(NamedTuple):
     """Stream-K over the wgmma kernel (sm_90 only): ``ctas_per_sm`` persistent CTAs per SM, each
     running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows."""

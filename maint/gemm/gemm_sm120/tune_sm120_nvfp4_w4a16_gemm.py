@@ -112,8 +112,7 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
     if arch == "sm_90":
         out += wgmma_candidates(m, n, k, sm_count)
-    unique = dict.fromkeys((type(c), c) for c in out)  # typed: config NamedTuples of equal fields compare equal
-    return [c for _, c in unique if fits(c, n, k, arch)]
+    return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
@@ -150,7 +149,7 @@ def entries_from_winners(n: int, k: int, winners: list) -> list:
     entries, low = [], 1
     for i, (m, config, _) in enumerate(winners):
         high = nv.MAX_M_PER_LAUNCH if i == len(winners) - 1 else m
-        if entries and entries[-1]["kind"] == type(config).__name__ and maint.config_from_json(entries[-1]) == config:
+        if entries and maint.config_from_json(entries[-1]) == config:
             entries[-1]["m_max"] = high
         else:
             entries.append({"n": n, "k": k, "m_min": low, "m_max": high, **maint.config_to_json(config)})
@@ -172,7 +171,7 @@ def main(argv=None) -> int:
     key, arch = maint.gpu_key(device), nv.device_arch(device)
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
-    nv.precompile([(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)], arch, maint.compile_any)
+    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:

@@ -70,10 +70,11 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
     return load
 
 
+@example.config_type
 class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
-    see ``build_wgmma_kernel``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example)."""
+    see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
