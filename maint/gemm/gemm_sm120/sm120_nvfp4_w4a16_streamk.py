@@ -67,9 +67,40 @@ class StreamKConfig(NamedTuple):
 AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig]
 CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
-x_swizzled = hopper.x_swizzled  # the x tiles are laid out and loaded as the wgmma kernel's
+X_CHUNK = 8  # bf16 values per 16-byte cp.async
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
 MAX_CTAS_PER_SM = 4
+
+
+def x_swizzled(r, c):
+    """Column ``c`` of row ``r`` in an x tile: 16-byte chunks XOR-ed with ``r % 8``, which puts the
+    eight rows one ldmatrix phase reads in eight different bank groups."""
+    return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
+
+
+def x_tile_loader(x_rows: int, block_k: int, threads: int):
+    """The x half of the stream-K kernel's stage loader, as a macro:
+    ``load(x, x_tiles, stage, x_row0, kt, m, tx)`` issues the cp.async of x rows ``x_row0 ..`` of k
+    tile ``kt`` into ``stage``, laid out by ``x_swizzled``; rows at or past ``m`` are zero-filled (a
+    predicated cp.async reads nothing). The caller commits the group."""
+    import tilelang.language as T
+
+    chunks, chunks_per_row = x_rows * block_k // X_CHUNK, block_k // X_CHUNK
+
+    @T.macro
+    def load(x, x_tiles, stage, x_row0, kt, m, tx):
+        for c in T.unroll(T.ceildiv(chunks, threads)):
+            if c * threads + tx < chunks:
+                r = (c * threads + tx) // chunks_per_row
+                col = (c * threads + tx) % chunks_per_row * X_CHUNK
+                T.ptx_cp_async(
+                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
+                    T.access_ptr(x[x_row0 + r, kt * block_k + col], "r", extent=X_CHUNK),
+                    X_CHUNK,
+                    x_row0 + r < m,
+                )
+
+    return load
 
 
 def smem_per_sm(arch: str) -> int:
@@ -120,7 +151,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     k_tiles = k // bk_
     tiles_n = n // bn_
     wt = example.warp_tile(shape)
-    load_x = hopper.x_tile_loader(bm_, bk_, threads)
+    load_x = x_tile_loader(bm_, bk_, threads)
 
     @T.macro
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, it, stage, tiles_m, m, tx):

@@ -28,46 +28,12 @@ SWIZZLE_K = 64  # bf16 values per 128-byte swizzled row of the x tile, the wgmma
 SWIZZLE_128B = 1  # the wgmma descriptor's layout type for 128-byte swizzling
 SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride between 8-row groups
 X_BLOCK_STEP = 8  # x blocks are multiples of 8 rows: wgmma's n step and the x tile's swizzle atom
-X_CHUNK = 8  # bf16 values per 16-byte cp.async
-WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
 MAX_BLOCK_X = 128  # ATOMS x block_x / 2 FP32 accumulators per thread: 128 at most
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
-
-
-def x_swizzled(r, c):
-    """Column ``c`` of row ``r`` in an x tile: 16-byte chunks XOR-ed with ``r % 8``. For 128-byte
-    rows this is the 128-byte swizzle wgmma's descriptor expects; in the stream-K kernel's tiles it
-    puts the eight rows one ldmatrix phase reads in eight different bank groups."""
-    return (c // X_CHUNK ^ r % 8) * X_CHUNK + c % X_CHUNK
-
-
-def x_tile_loader(x_rows: int, block_k: int, threads: int):
-    """The x half of this kernel's and the stream-K kernel's stage loaders, as a macro:
-    ``load(x, x_tiles, stage, x_row0, kt, m, tx)`` issues the cp.async of x rows ``x_row0 ..`` of k
-    tile ``kt`` into ``stage``, laid out by ``x_swizzled``; rows at or past ``m`` are zero-filled (a
-    predicated cp.async reads nothing). The caller commits the group."""
-    import tilelang.language as T
-
-    chunks, chunks_per_row = x_rows * block_k // X_CHUNK, block_k // X_CHUNK
-
-    @T.macro
-    def load(x, x_tiles, stage, x_row0, kt, m, tx):
-        for c in T.unroll(T.ceildiv(chunks, threads)):
-            if c * threads + tx < chunks:
-                r = (c * threads + tx) // chunks_per_row
-                col = (c * threads + tx) % chunks_per_row * X_CHUNK
-                T.ptx_cp_async(
-                    T.access_ptr(x_tiles[stage, r, x_swizzled(r, col)], "w", extent=X_CHUNK),
-                    T.access_ptr(x[x_row0 + r, kt * block_k + col], "r", extent=X_CHUNK),
-                    X_CHUNK,
-                    x_row0 + r < m,
-                )
-
-    return load
 
 
 class WgmmaConfig(NamedTuple):
@@ -174,23 +140,32 @@ class WgmmaPipeline(NamedTuple):
 
 
 def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
-    """The hand-written pipeline, as TileLang macros.
+    """The pipeline, as TileLang macros.
 
-    ``setup()`` allocates the shared stages and the registers and points the wgmma descriptor at
-    the x stages: ``x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = setup()``.
-    ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count,
-    kt0, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count`` of weight tile
-    ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing in flight.
-    ``count`` may be a Python int (the split-K kernel) or a run-time value.
+    ``setup()`` allocates the shared stages, their ``full`` barriers and the registers and points the
+    wgmma descriptor at the x stages:
+    ``x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = setup()``.
+    ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc,
+    count, kt0, base, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count``
+    of weight tile ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing
+    in flight. ``count`` may be a Python int (the split-K kernel) or a run-time value; ``base`` counts
+    the k tiles this CTA ran through the stages before (0 for the split-K kernel's one segment): the
+    stages and their barrier phases continue from there.
+
+    Every load is a TMA copy issued by one thread (x: a 2D box with the 128-byte swizzle the wgmma
+    descriptor expects; codes and scales: 3D boxes of the CTA's fragment blocks), completing on the
+    stage's ``full`` barrier. TMA writes and wgmma reads are both async-proxy, and the dequant only
+    reads, so no proxy fence is needed (cp.async loads needed one per k tile, and the dequant's
+    ``address_of`` made TileLang insert a second).
 
     It keeps one wgmma in flight while the next k tile is dequantized: k tile ``t`` waits for its
-    stage, issues the loads of tile ``t + stages - 2``, dequantizes into half ``t % 2`` of the A
-    registers, issues its wgmma and waits only for tile ``t - 1``'s. So the tensor cores work while
-    the integer units dequantize, and the stage a load overwrites (tile ``t - 2``'s) and the A half a
-    dequant overwrites were both released by the previous k tile's wait, which every warp passed
-    before this k tile's barrier.
+    stage's barrier, dequantizes into half ``t % 2`` of the A registers, issues its wgmma, then the
+    loads of tile ``t + stages - 2``, and waits only for tile ``t - 1``'s wgmma. The stage a load
+    overwrites (tile ``t - 2``'s) and the A half a dequant overwrites were both released by the
+    previous k tile's wait, which every warp passed before this k tile's barrier.
     """
     import tilelang.language as T
+    from tilelang.layout import make_full_bank_swizzled_layout
 
     bx, bk = block_x, SWIZZLE_K
     rows = threads = WARPGROUP_ROWS  # one warp per 32-row fragment block
@@ -207,57 +182,33 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
     def w_row(q, bn, lane, warp):
         return bn * rows + warp * 32 + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
-    load_x = x_tile_loader(bx, bk, threads)
-
-    def block_copier(words_per_block: int):
-        """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
-        scales) of one k tile into a stage, 16 bytes per cp.async."""
-        per_block = words_per_block // WORDS_PER_CHUNK
-        chunks = blocks * kbs * per_block
-
-        @T.macro
-        def copy(src, dst, stage, nb, kt, tx):
-            for c in T.unroll(T.ceildiv(chunks, threads)):
-                if c * threads + tx < chunks:
-                    b, kb, w = (c * threads + tx) // (kbs * per_block), (c * threads + tx) // per_block % kbs, (c * threads + tx) % per_block
-                    T.ptx_cp_async(
-                        T.access_ptr(dst[stage, b, kb, w * WORDS_PER_CHUNK], "w", extent=WORDS_PER_CHUNK),
-                        T.access_ptr(src[nb + b, kt * kbs + kb, w * WORDS_PER_CHUNK], "r", extent=WORDS_PER_CHUNK),
-                        WORDS_PER_CHUNK,
-                    )
-
-        return copy
-
-    copy_codes, copy_scales = block_copier(example.WORDS_PER_BLOCK), block_copier(example.SCALE_WORDS_PER_BLOCK)
+    @T.macro
+    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt, stage, bm, bn, tx):
+        """TMA copies of k tile ``kt``'s x, code and scale tiles into ``stage``; x rows past M are
+        zero-filled by TMA."""
+        nb = bn * blocks
+        T.tma_copy(x[bm * bx : bm * bx + bx, kt * bk : kt * bk + bk], x_tiles[stage, :, :], barrier=full[stage])
+        T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage])
+        T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage])
+        if tx == 0:
+            T.mbarrier_arrive(full[stage])
 
     @T.macro
-    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt, stage, bm, bn, m, tx):
-        """cp.async of k tile ``kt``'s x, code and scale tiles into ``stage``, as one commit group;
-        x rows at or past ``m`` are zero-filled (a predicated cp.async reads nothing)."""
-        load_x(x, x_tiles, stage, bm * bx, kt, m, tx)
-        copy_codes(codes, code_tiles, stage, bn * blocks, kt, tx)
-        copy_scales(scales, scale_tiles, stage, bn * blocks, kt, tx)
-        T.ptx_commit_group()
-
-    @T.macro
-    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, t, half, count, kt0, bm, bn, m, tx):
+    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, t, half, count, kt0, base, bm, bn, tx):
         """k tile ``t`` of ``count`` (see above), its A registers in ``half``."""
         lane = tx % 32
         warp = tx // 32
-        stage = t % stages
-        T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
-        T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
-        T.sync_threads()  # everyone's copies landed; everyone finished tile t - 2's wgmma
-        if t + stages - 2 < count:
-            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + t + stages - 2, (t + stages - 2) % stages, bm, bn, m, tx)
-        else:
-            T.ptx_commit_group()  # an empty group keeps the wait counts uniform
+        stage = (base + t) % stages
+        T.mbarrier_wait_parity(full[stage], (base + t) // stages % 2)  # tile t has landed
+        T.sync_threads()  # everyone finished tile t - 2's dequant and wgmma: its stage may be refilled
         for kb in T.unroll(kbs):
             T.call_extern(
                 "handle",
                 "nvfp4_dequant_block",
-                T.address_of(code_tiles[stage, warp, kb, lane * 4]),
-                T.address_of(scale_tiles[stage, warp, kb, lane // 4 * 2]),
+                # Read-only pointers: an address_of here would count as a shared-memory write for
+                # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
+                T.access_ptr(code_tiles[stage, warp, kb, lane * 4], "r", extent=4),
+                T.access_ptr(scale_tiles[stage, warp, kb, lane // 4 * 2], "r", extent=2),
                 T.address_of(b_regs[0]),
             )
             # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h;
@@ -278,6 +229,8 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
                 1, 1, 1,
             )  # fmt: skip
         T.warpgroup_commit_batch()
+        if t + stages - 2 < count:
+            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t + stages - 2, (base + t + stages - 2) % stages, bm, bn, tx)
         T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
@@ -287,35 +240,34 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
         x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
+        full = T.alloc_barrier([1] * stages)  # one arrival (the issuing thread) plus the TMA bytes
         a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
+        T.annotate_layout({x_tiles: make_full_bank_swizzled_layout(x_tiles)})  # TMA's 128-byte swizzle
         T.import_source(example.DEQUANT_SOURCE)
         T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
-        return x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc
+        return x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc
 
     @T.macro
-    def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, m, tx):
+    def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, tx):
         for i in T.unroll(acc_size):
             acc[i] = 0.0
         for s in T.unroll(stages - 2):
             if s < count:
-                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + s, s, bm, bn, m, tx)
-            else:
-                T.ptx_commit_group()
+                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + s, (base + s) % stages, bm, bn, tx)
         # Unrolled by two so that each half of the A registers has a fixed name. An odd first
         # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
         # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
         if count % 2 == 1:
-            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, 0, 1, count, kt0, bm, bn, m, tx)
+            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, tx)
             T.warpgroup_wait(0)
         for t2 in T.serial(count // 2):
             for half in T.unroll(2):
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, bm, bn, m, tx)
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, tx)
         T.warpgroup_wait(0)
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
-        T.ptx_wait_group(0)
 
     return WgmmaPipeline(acc_size, x_row, w_row, setup, segment)
 
@@ -346,11 +298,11 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = pipe.setup()
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, bm, bn, M, tx)
+            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, tx)
             if split_k == 1:
                 store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
             else:
@@ -366,10 +318,10 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
 
 # The kernel places every barrier itself (one per k tile, and the split-K exchange's): TileLang's
-# automatic ones would add more. Its bounds are explicit too (the x loader's predicate, the row guard
-# of every store), as in the stream-K kernel: TileLang 0.1.15's safe-memory pass fails on hand-written
-# cp.async loops for some shapes (16384 x 5120: "combined.defined()"). Warp specialization stays off
-# as in the example.
+# automatic ones would add more. Its bounds are explicit too (TMA's zero fill, the row guard of
+# every store), as in the stream-K kernel, whose hand-written cp.async loops TileLang 0.1.15's
+# safe-memory pass fails on for some shapes (16384 x 5120: "combined.defined()"). Warp
+# specialization stays off as in the example.
 HAND_PIPELINE_PASS_CONFIGS = {
     **example.PASS_CONFIGS,
     "tl.disable_thread_storage_sync": True,

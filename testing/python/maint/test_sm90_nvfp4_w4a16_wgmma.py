@@ -26,6 +26,8 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
 def test_compiles_for_sm90a(config):
     source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
     assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
+    # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
+    assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
     # The descriptor's 128-byte swizzle is applied to address bits: the x stages (each a multiple of
     # 1024 bytes) must start on a 1024-byte boundary of the 1024-aligned dynamic shared memory.
     offset = re.search(r"x_tiles = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
