@@ -713,6 +713,12 @@ MAX_SPLIT_K = 16
 DEFAULT_STAGES = 4  # cp.async stages the heuristic uses; deeper pipelines measured slower on the H200
 
 
+def _field_ok(config, name: str, value) -> bool:
+    if type(config).__annotations__[name] is bool:  # a switch (the maint wgmma configs' tma_loads)
+        return isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileConfig)) -> None:
     """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits sm_120 (or, for a
     config type with a ``SHARED_BYTES_PER_CTA`` attribute, the one arch that type runs on). Row blocks
@@ -722,8 +728,8 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         raise TypeError(f"config must be a {names}, got {type(config).__name__}")
     s = config.kernel_shape()
     problems = []
-    if any(not isinstance(v, int) or v < 1 for v in config):
-        problems.append("every field must be a positive int")
+    if not all(_field_ok(config, name, v) for name, v in zip(config._fields, config)):
+        problems.append("every int field must be a positive int, every bool field a bool")
     else:
         if isinstance(config, FragConfig) and config.block_m > FRAG_MAX_BLOCK_M:
             problems.append(f"FragConfig.block_m must be <= {FRAG_MAX_BLOCK_M}")

@@ -72,13 +72,14 @@ class WgmmaStreamKConfig(NamedTuple):
     block_k: int = hopper.SWIZZLE_K
     stages: int = 4
     ctas_per_sm: int = 2
+    tma_loads: bool = False
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages)
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads)
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -292,7 +293,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     threads = hopper.WARPGROUP_ROWS
     k_tiles = k // config.block_k
     tiles_n = n // hopper.WARPGROUP_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages)
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads)
     store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)
     M = T.dynamic("m")
@@ -310,11 +311,13 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         grid: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as g:
-            x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = pipe.setup()
             ticket = T.alloc_shared((1,), T.int32)
             # A segment's tile coordinates and k range, computed once into registers: as expressions
             # they were re-evaluated, with run-time divisions, in every unrolled accumulator's store.
-            segment = T.alloc_local((4,), T.int32)
+            # The fifth counts the k tiles the stages ran before it: the barrier phases go on from there.
+            segment = T.alloc_local((5,), T.int32)
+            segment[4] = 0
             T.assume(grid > 0)
             T.assume(M > 0)
             tx = T.get_thread_binding()
@@ -328,8 +331,9 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                 segment[1] = tile // tiles_x
                 segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
                 segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
-                bm, bn, count, kt0 = segment[0], segment[1], segment[2], segment[3]
-                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, M, tx)
+                bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                segment[4] = base + count
                 T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
                 row_of = lambda q: pipe.x_row(q, bm, lane)  # noqa: E731
                 col_of = lambda q: pipe.w_row(q, bn, lane, warp)  # noqa: E731

@@ -74,12 +74,14 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
 class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
-    see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example)."""
+    see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
+    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
     stages: int = 4
     split_k: int = 1
+    tma_loads: bool = False
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
@@ -99,6 +101,10 @@ DEFAULT_STAGES = 4
 HEURISTIC_MIN_M = 17
 SMALL_M = 64  # from here (2026-11-29 measurements) the split aims at two CTAs per SM
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
+# TMA loads from this x block on. H200, 2026-11-30, TMA against cp.async (us): 128-row blocks
+# 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
+# 40.0 / 35.8 (64 rows, split 4), 18.7 / 16.8 (80 rows), 29.1 / 24.7 (16 rows, 14336x5120 M = 16).
+TMA_BLOCK_X = 128
 
 
 def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
@@ -119,7 +125,7 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int, ctas_per_sm:
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
     (splitting towards ``ctas_per_sm`` CTAs per SM)."""
     split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, ctas_per_sm * sm_count, sm_count)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split)
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, block_x >= TMA_BLOCK_X)
 
 
 def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
@@ -174,24 +180,35 @@ class WgmmaPipeline(NamedTuple):
     segment: object
 
 
-def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
-    """The hand-written pipeline, as TileLang macros.
+def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
+    """The pipeline, as TileLang macros.
 
-    ``setup()`` allocates the shared stages and the registers and points the wgmma descriptor at
-    the x stages: ``x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = setup()``.
-    ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count,
-    kt0, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count`` of weight tile
-    ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing in flight.
-    ``count`` may be a Python int (the split-K kernel) or a run-time value.
+    ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; None
+    otherwise) and the registers and points the wgmma descriptor at the x stages:
+    ``x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = setup()``.
+    ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc,
+    count, kt0, base, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count``
+    of weight tile ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing
+    in flight. ``count`` may be a Python int (the split-K kernel) or a run-time value; ``base`` counts
+    the k tiles this CTA ran through the stages before (0 for the split-K kernel's one segment): the
+    stages and their barrier phases continue from there.
 
     It keeps one wgmma in flight while the next k tile is dequantized: k tile ``t`` waits for its
-    stage, issues the loads of tile ``t + stages - 2``, dequantizes into half ``t % 2`` of the A
-    registers, issues its wgmma and waits only for tile ``t - 1``'s. So the tensor cores work while
-    the integer units dequantize, and the stage a load overwrites (tile ``t - 2``'s) and the A half a
-    dequant overwrites were both released by the previous k tile's wait, which every warp passed
-    before this k tile's barrier.
+    stage, dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for
+    tile ``t - 1``'s. The loads of tile ``t + stages - 2`` go into the stage of tile ``t - 2``, which
+    like the A half a dequant overwrites was released by the previous k tile's wgmma wait, which
+    every warp passed before this k tile's barrier. The two loaders (``WgmmaConfig.tma_loads``):
+
+    - cp.async from all 128 threads, issued right after the barrier. cp.async writes are
+      generic-proxy and wgmma reads async-proxy, so a ``fence.proxy.async`` follows each stage's wait.
+    - TMA from one thread (x: a 2D box with the 128-byte swizzle the wgmma descriptor expects; codes
+      and scales: 3D boxes of the CTA's fragment blocks), completing on the stage's ``full`` barrier
+      and issued after the wgmma. TMA writes are async-proxy and the dequant only reads, so no fence.
+      About 10 % fewer instructions per k tile; it wins with 128-row x blocks and loses with small
+      ones (see ``TMA_BLOCK_X``).
     """
     import tilelang.language as T
+    from tilelang.layout import make_full_bank_swizzled_layout
 
     bx, bk = block_x, SWIZZLE_K
     rows = threads = WARPGROUP_ROWS  # one warp per 32-row fragment block
@@ -232,33 +249,52 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
     copy_codes, copy_scales = block_copier(example.WORDS_PER_BLOCK), block_copier(example.SCALE_WORDS_PER_BLOCK)
 
     @T.macro
-    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt, stage, bm, bn, m, tx):
-        """cp.async of k tile ``kt``'s x, code and scale tiles into ``stage``, as one commit group;
-        x rows at or past ``m`` are zero-filled (a predicated cp.async reads nothing)."""
-        load_x(x, x_tiles, stage, bm * bx, kt, m, tx)
-        copy_codes(codes, code_tiles, stage, bn * blocks, kt, tx)
-        copy_scales(scales, scale_tiles, stage, bn * blocks, kt, tx)
-        T.ptx_commit_group()
+    def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt, stage, bm, bn, m, tx):
+        """k tile ``kt``'s x, code and scale tiles into ``stage``; x rows at or past ``m`` are
+        zero-filled (by TMA, or by a predicated cp.async that reads nothing)."""
+        nb = bn * blocks
+        if tma_loads:
+            T.tma_copy(x[bm * bx : bm * bx + bx, kt * bk : kt * bk + bk], x_tiles[stage, :, :], barrier=full[stage])
+            T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage])
+            T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage])
+            if tx == 0:
+                T.mbarrier_arrive(full[stage])
+        else:
+            load_x(x, x_tiles, stage, bm * bx, kt, m, tx)
+            copy_codes(codes, code_tiles, stage, nb, kt, tx)
+            copy_scales(scales, scale_tiles, stage, nb, kt, tx)
+            T.ptx_commit_group()
 
     @T.macro
-    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, t, half, count, kt0, bm, bn, m, tx):
+    def load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx):
+        """The loads of k tile ``t + stages - 2``, if there is one."""
+        if t + stages - 2 < count:
+            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t + stages - 2, (base + t + stages - 2) % stages, bm, bn, m, tx)
+        elif not tma_loads:
+            T.ptx_commit_group()  # an empty group keeps the wait counts uniform
+
+    @T.macro
+    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, t, half, count, kt0, base, bm, bn, m, tx):
         """k tile ``t`` of ``count`` (see above), its A registers in ``half``."""
         lane = tx % 32
         warp = tx // 32
-        stage = t % stages
-        T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
-        T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
-        T.sync_threads()  # everyone's copies landed; everyone finished tile t - 2's wgmma
-        if t + stages - 2 < count:
-            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + t + stages - 2, (t + stages - 2) % stages, bm, bn, m, tx)
+        stage = (base + t) % stages
+        if tma_loads:
+            T.mbarrier_wait_parity(full[stage], (base + t) // stages % 2)  # tile t has landed
         else:
-            T.ptx_commit_group()  # an empty group keeps the wait counts uniform
+            T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
+            T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
+        T.sync_threads()  # everyone's loads landed; everyone finished tile t - 2's dequant and wgmma
+        if not tma_loads:
+            load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         for kb in T.unroll(kbs):
             T.call_extern(
                 "handle",
                 "nvfp4_dequant_block",
-                T.address_of(code_tiles[stage, warp, kb, lane * 4]),
-                T.address_of(scale_tiles[stage, warp, kb, lane // 4 * 2]),
+                # Read-only pointers: an address_of here would count as a shared-memory write for
+                # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
+                T.access_ptr(code_tiles[stage, warp, kb, lane * 4], "r", extent=4),
+                T.access_ptr(scale_tiles[stage, warp, kb, lane // 4 * 2], "r", extent=2),
                 T.address_of(b_regs[0]),
             )
             # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h;
@@ -279,6 +315,8 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
                 1, 1, 1,
             )  # fmt: skip
         T.warpgroup_commit_batch()
+        if tma_loads:
+            load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
@@ -288,35 +326,40 @@ def wgmma_pipeline(block_x: int, stages: int) -> WgmmaPipeline:
         x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
+        full = None
+        if tma_loads:
+            full = T.alloc_barrier([1] * stages)  # one arrival (the issuing thread) plus the TMA bytes
+            T.annotate_layout({x_tiles: make_full_bank_swizzled_layout(x_tiles)})  # TMA's 128-byte swizzle
         a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
         T.import_source(example.DEQUANT_SOURCE)
         T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
-        return x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc
+        return x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc
 
     @T.macro
-    def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count, kt0, bm, bn, m, tx):
+    def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
         for i in T.unroll(acc_size):
             acc[i] = 0.0
         for s in T.unroll(stages - 2):
             if s < count:
-                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, kt0 + s, s, bm, bn, m, tx)
-            else:
+                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + s, (base + s) % stages, bm, bn, m, tx)
+            elif not tma_loads:
                 T.ptx_commit_group()
         # Unrolled by two so that each half of the A registers has a fixed name. An odd first
         # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
         # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
         if count % 2 == 1:
-            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, 0, 1, count, kt0, bm, bn, m, tx)
+            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, m, tx)
             T.warpgroup_wait(0)
         for t2 in T.serial(count // 2):
             for half in T.unroll(2):
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, bm, bn, m, tx)
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, m, tx)
         T.warpgroup_wait(0)
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
-        T.ptx_wait_group(0)
+        if not tma_loads:
+            T.ptx_wait_group(0)
 
     return WgmmaPipeline(acc_size, x_row, w_row, setup, segment)
 
@@ -329,7 +372,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = threads = WARPGROUP_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages)
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads)
     acc_size, x_row, w_row = pipe.acc_size, pipe.x_row, pipe.w_row
     exchange = example.split_k_exchange(n, split_k, acc_size)
     store = example.scaled_store(acc_size)
@@ -347,11 +390,11 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = pipe.setup()
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, bm, bn, M, tx)
+            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, M, tx)
             if split_k == 1:
                 store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
             else:
@@ -367,10 +410,10 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
 
 
 # The kernel places every barrier itself (one per k tile, and the split-K exchange's): TileLang's
-# automatic ones would add more. Its bounds are explicit too (the x loader's predicate, the row guard
-# of every store), as in the stream-K kernel: TileLang 0.1.15's safe-memory pass fails on hand-written
-# cp.async loops for some shapes (16384 x 5120: "combined.defined()"). Warp specialization stays off
-# as in the example.
+# automatic ones would add more. Its bounds are explicit too (the x loader's predicate or TMA's zero
+# fill, the row guard of every store), as in the stream-K kernel: TileLang 0.1.15's safe-memory pass
+# fails on hand-written cp.async loops for some shapes (16384 x 5120: "combined.defined()"). Warp
+# specialization stays off as in the example.
 HAND_PIPELINE_PASS_CONFIGS = {
     **example.PASS_CONFIGS,
     "tl.disable_thread_storage_sync": True,

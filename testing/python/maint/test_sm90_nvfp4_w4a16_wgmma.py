@@ -22,10 +22,17 @@ ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H200)")
 
 
-@pytest.mark.parametrize("config", [wg.WgmmaConfig(16, 64, 4), wg.WgmmaConfig(128, 64, 3)])
+@pytest.mark.parametrize("config", [wg.WgmmaConfig(16, 64, 4), wg.WgmmaConfig(128, 64, 3), wg.WgmmaConfig(16, 64, 4, tma_loads=True)])
 def test_compiles_for_sm90a(config):
     source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
     assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
+    if config.tma_loads:
+        # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
+        assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
+        assert "cp_async" not in source
+    else:
+        # cp.async writes are generic-proxy: a fence after each stage's wait, before the wgmma reads.
+        assert "tma_load" not in source and "cp_async_gs" in source and "fence_proxy_async" in source
     # The descriptor's 128-byte swizzle is applied to address bits: the x stages (each a multiple of
     # 1024 bytes) must start on a 1024-byte boundary of the 1024-aligned dynamic shared memory.
     offset = re.search(r"x_tiles = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
@@ -51,6 +58,8 @@ def ptxas_report(source: str) -> str:
         (5120, 6144, wg.WgmmaConfig(128, 64, 4)),
         (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4)),  # 96 and 9 k tiles
         (34816, 5120, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # the smallest x block
+        (5120, 6144, wg.WgmmaConfig(128, 64, 4, tma_loads=True)),
+        (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4, tma_loads=True)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -108,7 +117,7 @@ def test_refuses_other_archs(monkeypatch):
 
 @pytest.mark.parametrize(
     "config",
-    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=12), wg.WgmmaConfig(block_x=136), wg.WgmmaConfig(stages=2)],
+    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=12), wg.WgmmaConfig(block_x=136), wg.WgmmaConfig(stages=2), wg.WgmmaConfig(tma_loads=1), wg.WgmmaConfig(split_k=True)],
 )
 def test_bad_configs(config):
     with pytest.raises(ValueError):
@@ -124,6 +133,15 @@ def test_heuristic_x_block_is_the_tightest_cover():
         assert bx % 16 == 0 and bx <= wg.MAX_BLOCK_X and blocks == -(-m // wg.MAX_BLOCK_X)
         assert bx - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
     assert [wg.get_wgmma_config(m, 16384, 5120).block_x for m in (64, 72, 128, 144, 1024)] == [64, 80, 128, 80, 128]
+
+
+def test_heuristic_loads_by_tma_from_tma_block_x():
+    """TMA won with 128-row x blocks and lost with smaller ones (H200): the loader follows the block."""
+    for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 7):
+        for n, k in ((16384, 5120), (4096, 4096), (5120, 6144)):
+            config = wg.get_wgmma_config(m, n, k)
+            assert config.tma_loads == (config.block_x >= wg.TMA_BLOCK_X), (m, n, k, config)
+    assert wg.get_wgmma_config(1024, 16384, 5120).tma_loads and not wg.get_wgmma_config(72, 16384, 5120).tma_loads
 
 
 def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idle():
@@ -149,8 +167,9 @@ def test_heuristic_splits_small_m_towards_one_cta_per_sm():
             wg.check_wgmma_config(c, n, k)
 
 
-SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3), wg.WgmmaConfig(64, 64, 3, split_k=2)]
-GRAPH_CONFIGS = [wg.WgmmaConfig(96, 64, 3), wg.WgmmaConfig(96, 64, 3, split_k=4)]
+# Each GPU case runs with both loaders (cp.async and TMA: WgmmaConfig.tma_loads).
+SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3, split_k=s, tma_loads=t) for s in (1, 2) for t in (False, True)]
+GRAPH_CONFIGS = [wg.WgmmaConfig(96, 64, 3, split_k=s, tma_loads=t) for s in (1, 4) for t in (False, True)]
 REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
     (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
@@ -169,6 +188,7 @@ REFERENCE_CASES = [
     (256, 5120, 6144, wg.WgmmaConfig(128, 64, 4, split_k=3)),  # splits need not be powers of two
     (40, 640, 2304, wg.WgmmaConfig(48, 64, 4, split_k=6)),  # 6 k tiles per split
 ]
+REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -237,8 +257,9 @@ def test_deepest_stages_keep_two_ctas_per_sm():
 def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
     """Each stream-K segment has a k-tile count known only at run time (its odd first tile is a
     run-time branch); ptxas must still keep the wgmmas asynchronous."""
-    report = ptxas_report(sk.compile_wgmma_streamk(5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)).get_kernel_source())
-    assert "Used" in report and "C7513" not in report and "serialized" not in report, report
+    for tma_loads in (False, True):
+        report = ptxas_report(sk.compile_wgmma_streamk(5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, tma_loads)).get_kernel_source())
+        assert "Used" in report and "C7513" not in report and "serialized" not in report, report
 
 
 @pytest.mark.parametrize(
@@ -272,6 +293,8 @@ STREAMK_CASES = [
     (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
     (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
 ]
+# With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
+STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
 
 
 @needs_sm90
@@ -286,4 +309,6 @@ def test_streamk_graph_replays_match_eager():
     n, k, m = 5120, 6144, 256
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, sk.WgmmaStreamKConfig(128, 64, 4, 2)), x)
+    for tma_loads in (False, True):
+        config = sk.WgmmaStreamKConfig(128, 64, 4, 2, tma_loads)
+        assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
