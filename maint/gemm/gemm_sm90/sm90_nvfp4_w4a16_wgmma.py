@@ -95,11 +95,20 @@ class WgmmaConfig(NamedTuple):
 
 DEFAULT_STAGES = 4
 # From M = 17 the tuned H200 table (2026-11-30) took this kernel in every shape, over the fragment
-# kernel; at M <= 16 the two traded cells. Below SMALL_M the x block is small and a CTA light, and the
-# winners split only until every SM had a CTA: 5120x6144 M = 32 ran 17.9 us split 4 against 22.6 us
-# split 8 (two CTAs per SM).
+# kernel; at M <= 16 the two traded cells.
 HEURISTIC_MIN_M = 17
-SMALL_M = 64  # from here (2026-11-29 measurements) the split aims at two CTAs per SM
+# Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
+# and each split keeps MIN_K_TILES_PER_SPLIT k tiles (4096x4096 M = 32: split 4, 16 k tiles each,
+# 11.6 us; split 8, 8 each, 18.1), and x blocks of up to DEEP_STAGES_MAX_BLOCK_X rows take
+# DEEP_STAGES (16384x5120 M = 32: 24.9 us against 25.9 with 4; 48-row blocks gained nothing and lost
+# 14 % at 34816x5120 M = 40). Against the previous rule (a split towards one CTA per SM, 4 stages),
+# over the 44 cells at M = 17-63 of one H200 tuning run (2026-11-30, seven shapes; in-sample, the
+# rule was read off those timings): 1.09x faster on geometric mean, never more than 1.1 % slower.
+SMALL_M = 64
+SMALL_M_CTAS_PER_SM = 2
+MIN_K_TILES_PER_SPLIT = 16
+DEEP_STAGES = 8
+DEEP_STAGES_MAX_BLOCK_X = 32
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 # TMA loads from this x block on. H200, 2026-11-30, TMA against cp.async (us): 128-row blocks
 # 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
@@ -121,11 +130,25 @@ def _tiles(m: int, n: int, block_x: int) -> int:
     return n // WARPGROUP_ROWS * -(-m // block_x)
 
 
-def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int, ctas_per_sm: int = 2) -> WgmmaConfig:
+def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
-    (splitting towards ``ctas_per_sm`` CTAs per SM)."""
-    split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, ctas_per_sm * sm_count, sm_count)
+    (towards two CTAs per SM)."""
+    split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
     return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, block_x >= TMA_BLOCK_X)
+
+
+def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
+    """One x block below ``SMALL_M``: the split and stages described at ``SMALL_M``."""
+    tiles, k_tiles, split = n // WARPGROUP_ROWS, k // SWIZZLE_K, 1
+    while (
+        tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count
+        and k_tiles % (split * 2) == 0
+        and k_tiles // (split * 2) >= MIN_K_TILES_PER_SPLIT
+        and split * 2 <= example.MAX_SPLIT_K
+    ):
+        split *= 2
+    stages = DEEP_STAGES if block_x <= DEEP_STAGES_MAX_BLOCK_X else DEFAULT_STAGES
+    return WgmmaConfig(block_x, SWIZZLE_K, min(stages, k_tiles // split), split)
 
 
 def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
@@ -134,22 +157,24 @@ def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
 
 def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> WgmmaConfig:
     """The weights are dequantized once per x block, so: the fewest x blocks of at most 128 rows that
-    cover M, each as small as that allows (a multiple of 16), split-K as in the example's heuristic
-    where the tiles would leave half of the SMs idle (towards one CTA per SM below ``SMALL_M``)."""
+    cover M, each as small as that allows (a multiple of 16); split-K as in the example's heuristic
+    where the tiles would leave half of the SMs idle, or below ``SMALL_M`` as described there.
+    K must hold ``DEFAULT_STAGES`` k tiles."""
     m = min(m, example.MAX_M_PER_LAUNCH)
     x_blocks = -(-m // MAX_BLOCK_X)
-    return _x_blocked(m, n, k, 16 * -(-m // (16 * x_blocks)), sm_count, 1 if m < SMALL_M else 2)
+    block_x = 16 * -(-m // (16 * x_blocks))
+    return _small_m_config(n, k, block_x, sm_count) if m < SMALL_M else _x_blocked(m, n, k, block_x, sm_count)
 
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows.
+    """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows, or
+    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those).
 
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
     half of the SMs a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128: 22.1 us
-    against 33.8 for one 128-row block split twice). Below ``SMALL_M``, the tight block split
-    towards one CTA per SM (the tuned table's choice at M = 17-48; not yet measured on untuned shapes)."""
-    if m < HEURISTIC_MIN_M:
+    against 33.8 for one 128-row block split twice)."""
+    if m < HEURISTIC_MIN_M or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)

@@ -154,17 +154,25 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
         assert 2 * (4096 // wg.WARPGROUP_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
-def test_heuristic_splits_small_m_towards_one_cta_per_sm():
-    """Below SMALL_M a split stops once every SM has a CTA (split 4 at 5120x6144, M = 32: 160 CTAs;
-    none at 16384x5120, 128 CTAs), within the example's limits on partials traffic."""
-    assert wg.get_wgmma_config(32, 5120, 6144) == wg.WgmmaConfig(32, 64, wg.DEFAULT_STAGES, 4)
-    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 64, wg.DEFAULT_STAGES, 1)
-    for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304)]:
+def test_heuristic_small_m_split_and_stages():
+    """Below SMALL_M the split doubles while the CTAs fit two per SM and each split keeps 16 k tiles;
+    x blocks of up to 32 rows take 8 stages (the H200 timings at SMALL_M's comment)."""
+    assert wg.get_wgmma_config(32, 4096, 4096) == wg.WgmmaConfig(32, 64, 8, 4)  # split 8 would leave 8 k tiles
+    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 64, 8, 2)  # 256 CTAs
+    assert wg.get_wgmma_config(40, 34816, 5120) == wg.WgmmaConfig(48, 64, 4, 1)  # 272 tiles fill both slots
+    for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304), (256, 256), (128, 512)]:
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
             c = wg.get_wgmma_config(m, n, k)
-            tiles = n // wg.WARPGROUP_ROWS * -(-m // c.block_x)
-            assert c.split_k == 1 or tiles * c.split_k // 2 < 132, (m, n, k, c)
+            tiles = n // wg.WARPGROUP_ROWS
+            assert c.split_k == 1 or (tiles * c.split_k <= 2 * 132 and k // 64 // c.split_k >= wg.MIN_K_TILES_PER_SPLIT), (m, n, k, c)
             wg.check_wgmma_config(c, n, k)
+
+
+def test_heuristic_leaves_short_k_to_the_other_kernels():
+    """K of fewer than DEFAULT_STAGES k tiles: no wgmma config, and the dispatch's fallback fits."""
+    for m in (17, 64, 300):
+        assert wg.get_wgmma_config(m, 256, 128) is None
+        sk.check_any_config(sk.heuristic_config(m, 256, 128, arch="sm_90", sm_count=132), 256, 128, "sm_90")
 
 
 # Each GPU case runs with both loaders (cp.async and TMA: WgmmaConfig.tma_loads).
