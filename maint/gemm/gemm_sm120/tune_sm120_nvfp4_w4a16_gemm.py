@@ -68,6 +68,10 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
 # 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
+# Above 128 rows, the one x block that covers M (up to 256) on two warpgroups: the weights are
+# dequantized once where two 128-row-or-less blocks dequantize them twice. Not yet measured; offered
+# with the stages and splits below and as stream-K, one CTA per SM (registers allow no second).
+WGMMA_TWO_WARPGROUP_SPLITS = (2, 3, 4)
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -91,7 +95,14 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for bx in blocks:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    return out + [WGMMA_STREAMK._replace(block_x=bx, tma_loads=bx >= hopper.TMA_BLOCK_X) for bx in blocks]
+    out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=bx >= hopper.TMA_BLOCK_X) for bx in blocks]
+    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+        bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=hopper.MAX_BLOCK_X).block_x
+        if hopper.warpgroups(bx) == 2:
+            out += [W(bx, st) for st in dict.fromkeys((WGMMA_STAGES[0], hopper.deepest_stages(bx, ctas_per_sm=1)))]
+            out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_TWO_WARPGROUP_SPLITS]
+            out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True))
+    return out
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
