@@ -44,10 +44,10 @@ FRAG_WARPS_K = (1, 2)
 # weight: 3 % faster at M = 1 on 34816x5120 and 16384x5120 (one H200 run, split 1).
 FRAG_DEEP_K = 256
 FRAG_DEEP_K_STAGES = 3
-# The heuristic's fragment tiles were measured on the H200 (228 KB of shared memory per SM: four
-# 53 KB CTAs). On sm_120 (100 KB per SM) the same tile leaves one 4-warp CTA per SM, and M = 1 is
-# latency-bound already at four (ncu, 2026-11-30). Where the heuristic's tile leaves fewer than
-# two CTAs per SM, the tuner also times shallower (block_k, stages) pairs that fit two or more.
+# The M <= 16 fragment tile is latency-bound: on the H200 four 53 KB CTAs share an SM (3.5 warps per
+# scheduler, issuing in 48 % of cycles; ncu, 2026-11-30), and on sm_120 (100 KB per SM) only one
+# fits. So at M <= 16 the tuner also times shallower (block_k, stages) pairs: on sm_120 they fit
+# 2-4 CTAs per SM, on the H200 block_k 64 fits six (registers allow six at 80 per thread).
 FRAG_OCCUPANCY_SHAPES = ((128, 3), (64, 4), (64, 3))
 STREAMK_CTAS_PER_SM = (1, 2)
 # The wgmma kernel at every M. At M <= 48 its x block is small and its CTAs light, and what wins
@@ -117,7 +117,7 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=split, warps_k=wk) for split in FRAG_SPLITS for wk in FRAG_WARPS_K]
         if s.block_m == 16:
             out += [heuristic._replace(block_k=FRAG_DEEP_K, stages=FRAG_DEEP_K_STAGES, split_k=split) for split in FRAG_SPLITS]
-        if ctas_per_sm(heuristic, arch) < 2:
+        if s.block_m == 16 or ctas_per_sm(heuristic, arch) < 2:
             out += [heuristic._replace(block_k=bk, stages=st, split_k=split) for bk, st in FRAG_OCCUPANCY_SHAPES for split in FRAG_SPLITS]
         if s.block_m >= maint.STREAMK_MIN_BLOCK_M:
             out += [maint.StreamKConfig(s.block_m, s.block_n, s.block_k, 1, s.warps_n, s.stages, c) for c in STREAMK_CTAS_PER_SM]

@@ -78,16 +78,19 @@ def test_tuner_candidates_fit(arch, m):
             assert tune.fits(c, n, k, arch)
 
 
-def test_tuner_offers_fragment_tiles_two_of_which_fit_an_sm120_sm():
-    """On sm_120 (100 KB per SM) the heuristic's M = 1 tile (53 KB) leaves one CTA per SM; the tuner
-    also offers tiles of which two or more fit. On sm_90 (228 KB: four fit) it does not."""
+def test_tuner_offers_fragment_tiles_that_fit_more_ctas_per_sm():
+    """The heuristic's M = 1 tile (53 KB) leaves one CTA per sm_120 SM (100 KB) and four per H200 SM
+    (228 KB), latency-bound at both; at M <= 16 the tuner also offers tiles of which more fit: two or
+    more on sm_120, more than four on sm_90. Above M = 16 (where sm_90 fits two) it does not."""
     for n, k in [(34816, 5120), (5120, 6144)]:
         heuristic = nv.get_config(1, n, k)
         assert tune.ctas_per_sm(heuristic, "sm_120") == 1 and tune.ctas_per_sm(heuristic, "sm_90") == 4
         sm120 = [c for c in tune.candidates(1, n, k, "sm_120") if isinstance(c, nv.FragConfig)]
         assert any(tune.ctas_per_sm(c, "sm_120") >= 2 for c in sm120)
         sm90 = [c for c in tune.candidates(1, n, k, "sm_90") if isinstance(c, nv.FragConfig)]
-        assert not any((c.block_k, c.stages) in tune.FRAG_OCCUPANCY_SHAPES for c in sm90)
+        assert any(tune.ctas_per_sm(c, "sm_90") > 4 for c in sm90)
+        above = [c for c in tune.candidates(32, n, k, "sm_90") if isinstance(c, nv.FragConfig)]
+        assert not any((c.block_k, c.stages) in tune.FRAG_OCCUPANCY_SHAPES for c in above)
 
 
 def test_configs_of_different_kinds_with_equal_fields_stay_apart():
