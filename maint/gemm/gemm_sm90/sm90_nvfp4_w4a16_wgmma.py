@@ -193,14 +193,21 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
     half of the SMs a CTA (small N), 64-row blocks, which give more CTAs (4096x4096 M = 128: 22.1 us
-    against 33.8 for one 128-row block split twice)."""
+    against 33.8 for one 128-row block split twice); and where the tight block needs a split to
+    reach as many CTAs as the 64-row blocks give, those too: the split-K exchange cost more than the
+    second dequant (6144x4096 M = 128: 26.9 us against 33.7; 5120x6144: 38.8 against 41.4; the only
+    two cells of the 2026-11-30 timings where this part of the rule decides)."""
     if m < HEURISTIC_MIN_M or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)
-    if m < SMALL_M or 2 * _ctas(tight, m, n) >= sm_count:
+    if m < SMALL_M:
         return tight
     narrow = _x_blocked(m, n, k, NARROW_BLOCK_X, sm_count)
+    if tight.split_k > 1 and _ctas(narrow, m, n) >= _ctas(tight, m, n):
+        return narrow
+    if 2 * _ctas(tight, m, n) >= sm_count:
+        return tight
     return narrow if _ctas(narrow, m, n) > _ctas(tight, m, n) else tight
 
 
