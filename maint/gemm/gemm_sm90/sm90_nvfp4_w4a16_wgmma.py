@@ -170,7 +170,8 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     return WgmmaConfig(block_x, SWIZZLE_K, min(stages, k_tiles // split), split)
 
 
-def _ctas(config: WgmmaConfig, m: int, n: int) -> int:
+def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
+    """The split-K kernel's CTAs at this M: output tiles times the split."""
     return _tiles(m, n, config.block_x) * config.split_k
 
 
@@ -204,11 +205,11 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if m < SMALL_M:
         return tight
     narrow = _x_blocked(m, n, k, NARROW_BLOCK_X, sm_count)
-    if tight.split_k > 1 and _ctas(narrow, m, n) >= _ctas(tight, m, n):
+    if tight.split_k > 1 and wgmma_ctas(narrow, m, n) >= wgmma_ctas(tight, m, n):
         return narrow
-    if 2 * _ctas(tight, m, n) >= sm_count:
+    if 2 * wgmma_ctas(tight, m, n) >= sm_count:
         return tight
-    return narrow if _ctas(narrow, m, n) > _ctas(tight, m, n) else tight
+    return narrow if wgmma_ctas(narrow, m, n) > wgmma_ctas(tight, m, n) else tight
 
 
 def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaConfig,)) -> None:

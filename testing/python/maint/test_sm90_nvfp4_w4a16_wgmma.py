@@ -81,11 +81,10 @@ def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
 def test_heuristic_picks_it_on_sm90_only():
     for n, k in [(16384, 5120), (5120, 6144), (640, 2304), (128, 256), (384, 768)]:  # down to the smallest weight
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
-            assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), wg.WgmmaConfig)
+            assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), sk.HOPPER_CONFIGS)
             on_hopper = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-            assert isinstance(on_hopper, wg.WgmmaConfig) == (m >= wg.HEURISTIC_MIN_M)
-            if isinstance(on_hopper, wg.WgmmaConfig):
-                wg.check_wgmma_config(on_hopper, n, k)
+            assert isinstance(on_hopper, sk.HOPPER_CONFIGS) == (m >= wg.HEURISTIC_MIN_M)
+            sk.check_any_config(on_hopper, n, k, "sm_90")
 
 
 def test_tuner_offers_it_only_on_sm90():
@@ -322,6 +321,20 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
 def test_streamk_bad_configs(config):
     with pytest.raises(ValueError):
         sk.check_any_config(config, 4096, 4096, "sm_90")
+
+
+def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly():
+    """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
+    at least 1.2x the mean (5120x6144 M = 256: 80 CTAs on 132 SMs); not where the CTAs spread evenly
+    (16384x5120 M = 256: 256 CTAs), not below M = 64, not where a CTA would get under 8 k tiles."""
+    assert sk.sm_imbalance(80, 132) == pytest.approx(132 / 80) and sk.sm_imbalance(264, 132) == 1.0
+    assert sk.heuristic_config(256, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 64, 4, 2, True)
+    assert isinstance(sk.heuristic_config(256, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    assert isinstance(sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    for n, k in [(5120, 6144), (4096, 4096), (640, 2304), (34816, 5120)]:
+        for m in range(17, nv.MAX_M_PER_LAUNCH + 1, 37):
+            sk.check_any_config(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), n, k, "sm_90")
 
 
 def test_streamk_runs_on_sm90_only():
