@@ -133,6 +133,11 @@ NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026
 # 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
 # 40.0 / 35.8 (64 rows, split 4), 18.7 / 16.8 (80 rows), 29.1 / 24.7 (16 rows, 14336x5120 M = 16).
 TMA_BLOCK_X = 128
+# A TMA config whose CTAs all find an SM of their own takes this many stages: one thread issues its
+# loads and no second CTA hides their latency. H200, 2026-11-30, 6 stages against 4 (us): 39.0 /
+# 44.0 (14336x5120 M = 128), 38.9 / 44.4 (16384x5120 M = 128), 45.1 / 48.6 (5120x6144 M = 384),
+# 119.1 / 131.0 (5120x17408 M = 384); cp.async configs there gained nothing (within 3 %).
+LONE_CTA_TMA_STAGES = 6
 
 
 def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
@@ -189,7 +194,8 @@ def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132, max_block
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows, or
-    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those).
+    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). TMA configs
+    whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
 
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
@@ -201,6 +207,14 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if m < HEURISTIC_MIN_M or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
+    config = _x_blocks_for(m, n, k, sm_count)
+    if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
+        config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
+    return config
+
+
+def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
+    """The x block and split of ``get_wgmma_config`` (see there)."""
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)
     if m < SMALL_M:
         return tight

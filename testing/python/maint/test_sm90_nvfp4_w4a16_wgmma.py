@@ -179,6 +179,18 @@ def test_heuristic_loads_by_tma_from_tma_block_x():
     assert wg.get_wgmma_config(1024, 16384, 5120).tma_loads and not wg.get_wgmma_config(72, 16384, 5120).tma_loads
 
 
+def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm():
+    """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 256 (M = 256)
+    share SMs and keep the default; cp.async configs keep it too."""
+    assert wg.get_wgmma_config(128, 16384, 5120) == wg.WgmmaConfig(128, 64, wg.LONE_CTA_TMA_STAGES, 1, True)
+    assert wg.get_wgmma_config(256, 16384, 5120).stages == wg.DEFAULT_STAGES
+    assert wg.get_wgmma_config(96, 16384, 5120).stages == wg.DEFAULT_STAGES  # 96-row blocks load by cp.async
+    for m in range(wg.SMALL_M, nv.MAX_M_PER_LAUNCH + 1, 29):
+        for n, k in ((16384, 5120), (640, 2304), (5120, 1024)):
+            config = wg.get_wgmma_config(m, n, k)
+            wg.check_wgmma_config(config, n, k)
+
+
 def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idle():
     """4096x4096 has 32 weight tiles: one 128-row x block at M = 128 gives 64 CTAs even split twice;
     two 64-row blocks give 128. Shapes with many tiles keep the tight block."""
