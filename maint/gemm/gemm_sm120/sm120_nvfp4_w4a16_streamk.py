@@ -73,13 +73,14 @@ class WgmmaStreamKConfig(NamedTuple):
     stages: int = 4
     ctas_per_sm: int = 2
     tma_loads: bool = False
+    warpgroups: int = 1
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads)
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups)
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -292,7 +293,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads)
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)
@@ -371,8 +372,8 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
-    if hopper.warpgroups(config.block_x) == 2 and config.ctas_per_sm != 1:
-        # 256 threads of up to 255 registers each: one CTA's worth of an SM's 64K registers.
+    if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
+        # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
         raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")
 
 

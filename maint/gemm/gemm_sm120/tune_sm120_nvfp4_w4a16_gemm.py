@@ -68,9 +68,10 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
 # 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
-# Above 128 rows, the one x block that covers M (up to 256) on two warpgroups: the weights are
-# dequantized once where two 128-row-or-less blocks dequantize them twice. Not yet measured; offered
-# with the stages and splits below and as stream-K, one CTA per SM (registers allow no second).
+# Two warpgroups (not yet measured). Above 128 rows, the one x block that covers M (up to 256): the
+# weights are dequantized once where two 128-row-or-less blocks dequantize them twice; offered with
+# the stages and splits below and as stream-K, one CTA per SM (registers allow no second). Up to 128
+# rows, the heuristic's config with twice the warps per CTA.
 WGMMA_TWO_WARPGROUP_SPLITS = (2, 3, 4)
 
 
@@ -85,7 +86,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
     # The loader follows the x block (``hopper.TMA_BLOCK_X``): both loaders for every candidate
     # would double the tuner's time for what one measurement (2026-11-30) already sorted by x block.
-    W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, bx >= hopper.TMA_BLOCK_X)  # noqa: E731
+    W = lambda bx, stages, split=1, wgs=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, bx >= hopper.TMA_BLOCK_X, wgs)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
@@ -96,12 +97,16 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
     out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=bx >= hopper.TMA_BLOCK_X) for bx in blocks]
-    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+    if m <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+        # The heuristic's config on twice the warps per CTA (the same x block, split and stages, and
+        # 4 stages), for the latency the small-M kernel is bound by.
+        out += [c._replace(warpgroups=2) for c in dict.fromkeys((tight, tight._replace(stages=WGMMA_STAGES[0])))]
+    else:
         bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=hopper.MAX_BLOCK_X).block_x
-        if hopper.warpgroups(bx) == 2:
-            out += [W(bx, st) for st in dict.fromkeys((WGMMA_STAGES[0], hopper.deepest_stages(bx, ctas_per_sm=1)))]
-            out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_TWO_WARPGROUP_SPLITS]
-            out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True))
+        if bx > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+            out += [W(bx, st, 1, 2) for st in dict.fromkeys((WGMMA_STAGES[0], hopper.deepest_stages(bx, ctas_per_sm=1)))]
+            out += [W(bx, WGMMA_STAGES[0], split, 2) for split in WGMMA_TWO_WARPGROUP_SPLITS]
+            out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
 
 

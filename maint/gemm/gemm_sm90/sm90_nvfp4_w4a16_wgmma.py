@@ -7,11 +7,12 @@ weights are A, dequantized in registers exactly as in the example (same prepared
 n = 8j + g of its warp's block and, per k16 step, the B registers ``b[4j + 2s + h]``; the m16n8k16 A
 fragment of 16 rows (and wgmma's per-warp A fragment, which is the same) is a permutation of those:
 rows 16p + {g, g+8} of the block are ``[b[4(2p)+2s], b[4(2p+1)+2s], b[4(2p)+2s+1], b[4(2p+1)+2s+1]]``.
-A CTA covers 128 weight rows. Up to 128 x rows, one warpgroup takes them as two m64 atoms (warp w:
-block w); atom p's row ``16w + 8rh + g`` is weight row ``32w + 16p + 8rh + g``, which the epilogue
-maps back. Above 128 x rows two warpgroups take one atom each, so that the weights are still
-dequantized once per x block: warp w of warpgroup a dequantizes half ``w % 2`` of block
-``2a + w // 2``, and atom a's row ``16w + 8rh + g`` is weight row ``64a + 16w + 8rh + g``.
+A CTA covers 128 weight rows. One warpgroup takes them as two m64 atoms (warp w: block w); atom
+p's row ``16w + 8rh + g`` is weight row ``32w + 16p + 8rh + g``, which the epilogue maps back. Two
+warpgroups (``WgmmaConfig.warpgroups``) take one atom each: warp w of warpgroup a dequantizes half
+``w % 2`` of block ``2a + w // 2``, and atom a's row ``16w + 8rh + g`` is weight row
+``64a + 16w + 8rh + g``. Above 128 x rows that keeps the weights dequantized once per x block (the
+accumulators of two atoms would not fit); below, it gives a CTA twice the warps to hide latency.
 """
 
 import pathlib
@@ -82,13 +83,16 @@ class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
     see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
-    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``)."""
+    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
+    ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
+    rows, where the x block goes in 16-row steps)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
     stages: int = 4
     split_k: int = 1
     tma_loads: bool = False
+    warpgroups: int = 1
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
@@ -97,12 +101,12 @@ class WgmmaConfig(NamedTuple):
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split);
         two warpgroups are its ``warps_m = 2``."""
         return example.KernelShape(
-            self.block_x, CTA_ROWS, self.block_k, warpgroups(self.block_x), CTA_ROWS // example.FRAG_N, self.stages, self.split_k
+            self.block_x, CTA_ROWS, self.block_k, self.warpgroups, CTA_ROWS // example.FRAG_N, self.stages, self.split_k
         )
 
 
-def warpgroups(block_x: int) -> int:
-    """Warpgroups per CTA: two above ``ONE_WARPGROUP_MAX_BLOCK_X`` x rows (see the module docstring)."""
+def min_warpgroups(block_x: int) -> int:
+    """The warpgroups an x block needs: two above ``ONE_WARPGROUP_MAX_BLOCK_X`` rows."""
     return 1 if block_x <= ONE_WARPGROUP_MAX_BLOCK_X else 2
 
 
@@ -158,7 +162,7 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConf
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
     (towards two CTAs per SM)."""
     split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, block_x >= TMA_BLOCK_X)
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, block_x >= TMA_BLOCK_X, min_warpgroups(block_x))
 
 
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
@@ -232,6 +236,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} (one 128-byte swizzled row)")
     if config.block_x % X_BLOCK_STEP or config.block_x > MAX_BLOCK_X:
         raise ValueError(f"config {config}: block_x must be a multiple of {X_BLOCK_STEP} and at most {MAX_BLOCK_X}")
+    if config.warpgroups not in (1, 2) or config.warpgroups < min_warpgroups(config.block_x):
+        raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
 
@@ -248,7 +254,7 @@ class WgmmaPipeline(NamedTuple):
     segment: object
 
 
-def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
+def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) -> WgmmaPipeline:
     """The pipeline, as TileLang macros.
 
     ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; None
@@ -279,7 +285,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
     from tilelang.layout import make_full_bank_swizzled_layout
 
     bx, bk = block_x, SWIZZLE_K
-    rows, wgs = CTA_ROWS, warpgroups(block_x)
+    rows, wgs = CTA_ROWS, warpgroups
     threads = WARPGROUP_THREADS * wgs
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
@@ -448,7 +454,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = CTA_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads)
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
     exchange = example.split_k_exchange(n, split_k, acc_size)
     store = example.scaled_store(acc_size)

@@ -24,13 +24,19 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
 
 @pytest.mark.parametrize(
     "config",
-    [wg.WgmmaConfig(16, 64, 4), wg.WgmmaConfig(128, 64, 3), wg.WgmmaConfig(16, 64, 4, tma_loads=True), wg.WgmmaConfig(256, 64, 4, tma_loads=True)],
+    [
+        wg.WgmmaConfig(16, 64, 4),
+        wg.WgmmaConfig(128, 64, 3),
+        wg.WgmmaConfig(16, 64, 4, tma_loads=True),
+        wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2),
+        wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2),
+    ],
 )
 def test_compiles_for_sm90a(config):
     source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
-    dequant = "nvfp4_dequant_block(" if wg.warpgroups(config.block_x) == 1 else "nvfp4_dequant_half_block("
+    dequant = "nvfp4_dequant_block(" if config.warpgroups == 1 else "nvfp4_dequant_half_block("
     assert "wgmma_rs<" in source and dequant in source and "mul.rn.bf16x2" in source
-    assert f"__launch_bounds__({wg.warpgroups(config.block_x) * wg.WARPGROUP_THREADS}" in source
+    assert f"__launch_bounds__({config.warpgroups * wg.WARPGROUP_THREADS}" in source
     if config.tma_loads:
         # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
         assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
@@ -65,8 +71,9 @@ def ptxas_report(source: str) -> str:
         (34816, 5120, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # the smallest x block
         (5120, 6144, wg.WgmmaConfig(128, 64, 4, tma_loads=True)),
         (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4, tma_loads=True)),
-        (5120, 6144, wg.WgmmaConfig(256, 64, 4, tma_loads=True)),  # two warpgroups
-        (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4)),
+        (5120, 6144, wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2)),
+        (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4, warpgroups=2)),
+        (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -127,7 +134,10 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(block_k=128),
         wg.WgmmaConfig(block_x=12),
         wg.WgmmaConfig(block_x=264),  # over wgmma's largest N
-        wg.WgmmaConfig(block_x=136),  # two warpgroups split the x block in 16-row steps
+        wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
+        wg.WgmmaConfig(block_x=136, warpgroups=2),  # two warpgroups take the x block in 16-row steps
+        wg.WgmmaConfig(block_x=8, warpgroups=2),
+        wg.WgmmaConfig(warpgroups=3),
         wg.WgmmaConfig(stages=2),
         wg.WgmmaConfig(tma_loads=1),
         wg.WgmmaConfig(split_k=True),
@@ -138,13 +148,13 @@ def test_bad_configs(config):
         wg.check_wgmma_config(config, 4096, 4096)
 
 
-@pytest.mark.parametrize("block_x", [8, 64, 128, 144, 256])
-def test_each_warp_stores_the_rows_it_dequantizes(block_x):
+@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2)])
+def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
     """The layout side of both warpgroup shapes, on the CPU: the weight rows a warp's dequant covers
     (words 2 * part .. of its block, word j feeding row 8j + g) are the rows its accumulators are
     stored to (``w_row``); and the x rows of a thread's accumulators cover the x block once."""
-    wgs = wg.warpgroups(block_x)
-    pipe = wg.wgmma_pipeline(block_x, 4, block_x >= wg.TMA_BLOCK_X)
+    wgs = warpgroups
+    pipe = wg.wgmma_pipeline(block_x, 4, block_x >= wg.TMA_BLOCK_X, wgs)
     assert pipe.threads == wgs * wg.WARPGROUP_THREADS and pipe.acc_size == wg.ATOMS // wgs * block_x // 2
     stored = set()
     for warp in range(pipe.threads // 32):
@@ -223,8 +233,12 @@ def test_heuristic_leaves_short_k_to_the_other_kernels():
 
 
 # Each GPU case runs with both loaders (cp.async and TMA: WgmmaConfig.tma_loads).
-SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t) for bx in (64, 192) for s in (1, 2) for t in (False, True)]
-GRAPH_CONFIGS = [wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t) for bx in (96, 208) for s in (1, 4) for t in (False, True)]
+SPECIAL_SCALE_CONFIGS = [
+    wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((64, 1), (64, 2), (192, 2)) for s in (1, 2) for t in (False, True)
+]
+GRAPH_CONFIGS = [
+    wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((96, 1), (208, 2)) for s in (1, 4) for t in (False, True)
+]
 REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
     (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
@@ -242,9 +256,11 @@ REFERENCE_CASES = [
     (20, 640, 2304, wg.WgmmaConfig(24, 64, 4)),  # an x block of 8 rows times an odd number
     (256, 5120, 6144, wg.WgmmaConfig(128, 64, 4, split_k=3)),  # splits need not be powers of two
     (40, 640, 2304, wg.WgmmaConfig(48, 64, 4, split_k=6)),  # 6 k tiles per split
-    (144, 5120, 6144, wg.WgmmaConfig(144, 64, 4)),  # two warpgroups, one atom each
-    (256, 4096, 4096, wg.WgmmaConfig(256, 64, 5, split_k=2)),
-    (300, 640, 2304, wg.WgmmaConfig(160, 64, 4, split_k=4)),  # two x blocks, the second partial; 9 k tiles per split
+    (144, 5120, 6144, wg.WgmmaConfig(144, 64, 4, warpgroups=2)),  # two warpgroups, one atom each
+    (256, 4096, 4096, wg.WgmmaConfig(256, 64, 5, split_k=2, warpgroups=2)),
+    (300, 640, 2304, wg.WgmmaConfig(160, 64, 4, split_k=4, warpgroups=2)),  # two x blocks, the second partial; 9 k tiles per split
+    (20, 5120, 6144, wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2)),  # twice the warps at small M
+    (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 
@@ -327,7 +343,8 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(stages=2),
         sk.WgmmaStreamKConfig(ctas_per_sm=3),
         sk.WgmmaStreamKConfig(block_k=128),
-        sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2),  # two warpgroups' registers fill an SM
+        sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
+        sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
     ],
 )
 def test_streamk_bad_configs(config):
@@ -370,7 +387,8 @@ STREAMK_CASES = [
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2)),  # 5 tiles x 36 k tiles: ranges inside one tile, odd counts
     (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
     (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
-    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1)),  # two warpgroups: 40 tiles over 132 CTAs
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
+    (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
