@@ -500,10 +500,11 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
         if config is None:
             return get_streamk_config(m, n, k, sm_count=sm_count)
-        iterations = hopper.wgmma_ctas(config, m, n) // config.split_k * (k // config.block_k)
+        ctas = hopper.wgmma_ctas(config, m, n)
+        iterations = ctas // config.split_k * (k // config.block_k)  # output tiles x k tiles
         if (
             m >= hopper.SMALL_M
-            and sm_imbalance(hopper.wgmma_ctas(config, m, n), sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+            and sm_imbalance(ctas, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
             and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * WGMMA_STREAMK_CTAS_PER_SM * sm_count
         ):
             return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, WGMMA_STREAMK_CTAS_PER_SM, config.tma_loads)

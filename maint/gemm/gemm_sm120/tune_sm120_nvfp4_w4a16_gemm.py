@@ -84,9 +84,9 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     """The wgmma kernel's candidates at this M (sm_90 only; ``candidates`` filters what does not fit)."""
     hopper = maint.hopper
     tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
-    # The loader follows the x block (``hopper.TMA_BLOCK_X``): both loaders for every candidate
+    # The loader follows the x block (``hopper.tma_loads_for``): both loaders for every candidate
     # would double the tuner's time for what one measurement (2026-11-30) already sorted by x block.
-    W = lambda bx, stages, split=1, wgs=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, bx >= hopper.TMA_BLOCK_X, wgs)  # noqa: E731
+    W = lambda bx, stages, split=1, wgs=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, hopper.tma_loads_for(bx), wgs)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
@@ -96,7 +96,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for bx in blocks:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=bx >= hopper.TMA_BLOCK_X) for bx in blocks]
+    out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
     if m <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
         # The heuristic's config on twice the warps per CTA (the same x block, split and stages, and
         # 4 stages), for the latency the small-M kernel is bound by.

@@ -137,6 +137,11 @@ NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026
 # 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
 # 40.0 / 35.8 (64 rows, split 4), 18.7 / 16.8 (80 rows), 29.1 / 24.7 (16 rows, 14336x5120 M = 16).
 TMA_BLOCK_X = 128
+
+
+def tma_loads_for(block_x: int) -> bool:
+    """The loader the heuristic and the tuner give an x block (see ``TMA_BLOCK_X``)."""
+    return block_x >= TMA_BLOCK_X
 # A TMA config whose CTAs all find an SM of their own takes this many stages: one thread issues its
 # loads and no second CTA hides their latency. H200, 2026-11-30, 6 stages against 4 (us): 39.0 /
 # 44.0 (14336x5120 M = 128), 38.9 / 44.4 (16384x5120 M = 128), 45.1 / 48.6 (5120x6144 M = 384),
@@ -162,7 +167,7 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConf
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
     (towards two CTAs per SM)."""
     split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, block_x >= TMA_BLOCK_X, min_warpgroups(block_x))
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, tma_loads_for(block_x), min_warpgroups(block_x))
 
 
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:

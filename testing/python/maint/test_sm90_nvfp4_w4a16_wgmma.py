@@ -263,6 +263,17 @@ REFERENCE_CASES = [
     (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
+# Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
+STREAMK_CASES = [
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 80 tiles x 96 k tiles over 264 CTAs: every tile cut
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2)),  # 5 tiles x 36 k tiles: ranges inside one tile, odd counts
+    (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
+    (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
+    (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
+]
+# With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
+STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -277,7 +288,7 @@ def precompiled_wgmma_kernels():
 
 
 @needs_sm90
-@pytest.mark.parametrize("m, n, k, config", REFERENCE_CASES)
+@pytest.mark.parametrize("m, n, k, config", REFERENCE_CASES + STREAMK_CASES)
 def test_matches_reference(m, n, k, config):
     result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
     assert result["ok"], result
@@ -380,25 +391,6 @@ def test_streamk_config_round_trips_through_a_table_entry():
     config = sk.WgmmaStreamKConfig(96, 64, 5, 2)
     entry = sk.config_to_json(config)
     assert entry["kind"] == "WgmmaStreamKConfig" and type(sk.config_from_json(entry)) is sk.WgmmaStreamKConfig
-
-
-STREAMK_CASES = [
-    (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 80 tiles x 96 k tiles over 264 CTAs: every tile cut
-    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2)),  # 5 tiles x 36 k tiles: ranges inside one tile, odd counts
-    (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
-    (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
-    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
-    (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
-]
-# With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
-STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
-
-
-@needs_sm90
-@pytest.mark.parametrize("m, n, k, config", STREAMK_CASES)
-def test_streamk_matches_reference(m, n, k, config):
-    result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
-    assert result["ok"], result
 
 
 @needs_sm90
