@@ -68,11 +68,12 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
 # 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
-# Two warpgroups (not yet measured). Above 128 rows, the one x block that covers M (up to 256): the
-# weights are dequantized once where two 128-row-or-less blocks dequantize them twice; offered with
-# the stages and splits below and as stream-K, one CTA per SM (registers allow no second). Up to 128
-# rows, the heuristic's config with twice the warps per CTA.
-WGMMA_TWO_WARPGROUP_SPLITS = (2, 3, 4)
+# Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
+# once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
+# shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one CTA per SM (registers
+# allow no second): the deepest pipeline with no split, and stream-K. Splits of 2-4 and 4 stages never
+# won; nor did two warpgroups on the heuristic's config at M = 24 and 48 (12-45 % slower), so up to
+# 128 rows there is no two-warpgroup candidate.
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -97,15 +98,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
     out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
-    if m <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-        # The heuristic's config on twice the warps per CTA (the same x block, split and stages, and
-        # 4 stages), for the latency the small-M kernel is bound by.
-        out += [c._replace(warpgroups=2) for c in dict.fromkeys((tight, tight._replace(stages=WGMMA_STAGES[0])))]
-    else:
+    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
         bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=hopper.MAX_BLOCK_X).block_x
         if bx > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-            out += [W(bx, st, 1, 2) for st in dict.fromkeys((WGMMA_STAGES[0], hopper.deepest_stages(bx, ctas_per_sm=1)))]
-            out += [W(bx, WGMMA_STAGES[0], split, 2) for split in WGMMA_TWO_WARPGROUP_SPLITS]
+            out.append(W(bx, hopper.deepest_stages(bx, ctas_per_sm=1), 1, 2))
             out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
 
