@@ -348,25 +348,31 @@ __device__ __forceinline__ unsigned nvfp4_mul_bf16x2_{half}(unsigned a, unsigned
 """
 
 
-DEQUANT_SOURCE = (
-    _mul_by_half("lo")
-    + _mul_by_half("hi")
-    + f"""
-__device__ __forceinline__ void nvfp4_dequant_block(const void* codes, const void* scales, void* frag) {{
-  const uint4 w = *reinterpret_cast<const uint4*>(codes);
-  const uint2 s = *reinterpret_cast<const uint2*>(scales);
+def dequant_function(name: str, words: int) -> str:
+    """The dequant of ``words`` consecutive words of a lane's block slice (4: the whole slice; 2: the
+    half for n = 8j + g with j in {2p, 2p + 1}, given pointers advanced by p words and p scale words)."""
+    code_type, scale_type = {4: ("uint4", "uint2"), 2: ("uint2", "unsigned")}[words]
+    code_fields = ", ".join(f"w.{c}" for c in "xyzw"[:words])
+    scale_fields = "s.x, s.y" if words == 4 else "s"
+    return f"""
+__device__ __forceinline__ void {name}(const void* codes, const void* scales, void* frag) {{
+  const {code_type} w = *reinterpret_cast<const {code_type}*>(codes);
+  const {scale_type} s = *reinterpret_cast<const {scale_type}*>(scales);
   unsigned* b = reinterpret_cast<unsigned*>(frag);
-  const unsigned words[4] = {{w.x, w.y, w.z, w.w}};
+  const unsigned words[{words}] = {{{code_fields}}};
+  const unsigned scale_words[{words // 2}] = {{{scale_fields}}};
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {{
-    const unsigned scale_word = j < 2 ? s.x : s.y;
+  for (int j = 0; j < {words}; ++j) {{
+    const unsigned scale_word = scale_words[j / 2];
     const unsigned pair = __byte_perm(scale_word, 0, 0x{SCALE_PAIR_PICK:04X}u + (j & 1) * 0x101u) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
     const unsigned x = words[j];
 {_REGISTER_LINES}
   }}
 }}
 """
-)
+
+
+DEQUANT_SOURCE = _mul_by_half("lo") + _mul_by_half("hi") + dequant_function("nvfp4_dequant_block", 4)
 
 
 class KernelShape(NamedTuple):

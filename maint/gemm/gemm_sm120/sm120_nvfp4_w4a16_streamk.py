@@ -73,13 +73,14 @@ class WgmmaStreamKConfig(NamedTuple):
     stages: int = 4
     ctas_per_sm: int = 2
     tma_loads: bool = False
+    warpgroups: int = 1
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads)
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups)
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -290,10 +291,10 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     import tilelang.language as T
 
     bx, stages = config.block_x, config.stages
-    threads = hopper.WARPGROUP_ROWS
     k_tiles = k // config.block_k
-    tiles_n = n // hopper.WARPGROUP_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads)
+    tiles_n = n // hopper.CTA_ROWS
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
+    threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)
     M = T.dynamic("m")
@@ -371,6 +372,9 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
+    if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
+        # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
+        raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")
 
 
 def compile_wgmma_streamk(n: int, k: int, config: WgmmaStreamKConfig):
@@ -426,7 +430,7 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
 def launch_wgmma_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: WgmmaStreamKConfig, out: torch.Tensor) -> None:
     """One launch of stream-K over the wgmma kernel on checked inputs (at most 1024 rows); sm_90 only."""
     check_any_config(config, w.n, w.k, example.device_arch(w.device))
-    rows = hopper.WARPGROUP_ROWS
+    rows = hopper.CTA_ROWS
     iterations = math.ceil(x.shape[0] / config.block_x) * (w.n // rows) * (w.k // config.block_k)
     compile_fn = functools.partial(compile_wgmma_streamk, w.n, w.k, config)
     _run_streamk(x, w, config, out, iterations, config.block_x * rows, (w.n, w.k, config, w.device.index), compile_fn)

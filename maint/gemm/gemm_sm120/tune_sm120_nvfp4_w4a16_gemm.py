@@ -68,6 +68,12 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
 # 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
+# Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
+# once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
+# shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one CTA per SM (registers
+# allow no second): the deepest pipeline with no split, and stream-K. Splits of 2-4 and 4 stages never
+# won; nor did two warpgroups on the heuristic's config at M = 24 and 48 (12-45 % slower), so up to
+# 128 rows there is no two-warpgroup candidate.
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -81,7 +87,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
     # The loader follows the x block (``hopper.tma_loads_for``): both loaders for every candidate
     # would double the tuner's time for what one measurement (2026-11-30) already sorted by x block.
-    W = lambda bx, stages, split=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, hopper.tma_loads_for(bx))  # noqa: E731
+    W = lambda bx, stages, split=1, wgs=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, hopper.tma_loads_for(bx), wgs)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
@@ -91,7 +97,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for bx in blocks:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    return out + [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
+    out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
+    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+        bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=hopper.MAX_BLOCK_X).block_x
+        if bx > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+            out.append(W(bx, hopper.deepest_stages(bx, ctas_per_sm=1), 1, 2))
+            out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True, warpgroups=2))
+    return out
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:

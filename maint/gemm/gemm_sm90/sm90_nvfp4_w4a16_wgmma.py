@@ -7,8 +7,12 @@ weights are A, dequantized in registers exactly as in the example (same prepared
 n = 8j + g of its warp's block and, per k16 step, the B registers ``b[4j + 2s + h]``; the m16n8k16 A
 fragment of 16 rows (and wgmma's per-warp A fragment, which is the same) is a permutation of those:
 rows 16p + {g, g+8} of the block are ``[b[4(2p)+2s], b[4(2p+1)+2s], b[4(2p)+2s+1], b[4(2p+1)+2s+1]]``.
-One warpgroup covers 128 weight rows (warp w: block w) as two m64 atoms; atom p's row
-``16w + 8rh + g`` is weight row ``32w + 16p + 8rh + g``, which the epilogue maps back.
+A CTA covers 128 weight rows. One warpgroup takes them as two m64 atoms (warp w: block w); atom
+p's row ``16w + 8rh + g`` is weight row ``32w + 16p + 8rh + g``, which the epilogue maps back. Two
+warpgroups (``WgmmaConfig.warpgroups``) take one atom each: warp w of warpgroup a dequantizes half
+``w % 2`` of block ``2a + w // 2``, and atom a's row ``16w + 8rh + g`` is weight row
+``64a + 16w + 8rh + g``. Above 128 x rows that keeps the weights dequantized once per x block (the
+accumulators of two atoms would not fit); below, it gives a CTA twice the warps to hide latency.
 """
 
 import pathlib
@@ -21,16 +25,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples" 
 
 import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
 
-WARPGROUP_ROWS = 128  # weight rows per CTA: 4 warps x one 32-row fragment block
+CTA_ROWS = 128  # weight rows per CTA: four 32-row fragment blocks
 WGMMA_ATOM_M = 64
-ATOMS = WARPGROUP_ROWS // WGMMA_ATOM_M  # m64 atoms per warpgroup: a fragment block holds two
+ATOMS = CTA_ROWS // WGMMA_ATOM_M  # m64 atoms per CTA: a fragment block holds two
+WARPGROUP_THREADS = 128
 SWIZZLE_K = 64  # bf16 values per 128-byte swizzled row of the x tile, the wgmma B operand
 SWIZZLE_128B = 1  # the wgmma descriptor's layout type for 128-byte swizzling
 SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride between 8-row groups
 X_BLOCK_STEP = 8  # x blocks are multiples of 8 rows: wgmma's n step and the x tile's swizzle atom
 X_CHUNK = 8  # bf16 values per 16-byte cp.async
 WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
-MAX_BLOCK_X = 128  # ATOMS x block_x / 2 FP32 accumulators per thread: 128 at most
+# A thread holds (atoms of its warpgroup) x block_x / 2 FP32 accumulators, at most 128: one warpgroup
+# with both atoms up to 128 x rows, two warpgroups with one atom each up to 256 (wgmma's largest N).
+ONE_WARPGROUP_MAX_BLOCK_X = 128
+MAX_BLOCK_X = 256
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
@@ -75,22 +83,37 @@ class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
     fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
     see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
-    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``)."""
+    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
+    ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
+    rows, where the x block goes in 16-row steps)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
     stages: int = 4
     split_k: int = 1
     tma_loads: bool = False
+    warpgroups: int = 1
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
 
     def kernel_shape(self) -> example.KernelShape:
-        """The example's shape view (its checks: divisibility, shared memory, accumulators, split)."""
+        """The example's shape view (its checks: divisibility, shared memory, accumulators, split);
+        two warpgroups are its ``warps_m = 2``."""
         return example.KernelShape(
-            self.block_x, WARPGROUP_ROWS, self.block_k, 1, WARPGROUP_ROWS // example.FRAG_N, self.stages, self.split_k
+            self.block_x, CTA_ROWS, self.block_k, self.warpgroups, CTA_ROWS // example.FRAG_N, self.stages, self.split_k
         )
+
+
+def min_warpgroups(block_x: int) -> int:
+    """The warpgroups an x block needs: two above ``ONE_WARPGROUP_MAX_BLOCK_X`` rows."""
+    return 1 if block_x <= ONE_WARPGROUP_MAX_BLOCK_X else 2
+
+
+def warp_words(warp, warpgroups: int):
+    """``(block, part)``: warp ``warp`` of the CTA dequantizes words ``2 * part ..`` (all four with one
+    warpgroup, two with two) of every lane's slice of fragment block ``block``."""
+    return warp // warpgroups, warp % warpgroups
 
 
 DEFAULT_STAGES = 4
@@ -137,19 +160,19 @@ def deepest_stages(block_x: int, ctas_per_sm: int = 2) -> int:
 
 def _tiles(m: int, n: int, block_x: int) -> int:
     """Output tiles: weight-row tiles times ``ceil(M / block_x)`` x blocks."""
-    return n // WARPGROUP_ROWS * -(-m // block_x)
+    return n // CTA_ROWS * -(-m // block_x)
 
 
 def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     """``ceil(M / block_x)`` x blocks of ``block_x`` rows, split-K as in the example's heuristic
     (towards two CTAs per SM)."""
     split = example._split_k(_tiles(m, n, block_x), m, n, k, SWIZZLE_K, DEFAULT_STAGES, 2 * sm_count, sm_count)
-    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, tma_loads_for(block_x))
+    return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, tma_loads_for(block_x), min_warpgroups(block_x))
 
 
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     """One x block below ``SMALL_M``: the split and stages described at ``SMALL_M``."""
-    tiles, k_tiles, split = n // WARPGROUP_ROWS, k // SWIZZLE_K, 1
+    tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
     while (
         tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count
         and k_tiles % (split * 2) == 0
@@ -166,13 +189,14 @@ def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
     return _tiles(m, n, config.block_x) * config.split_k
 
 
-def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> WgmmaConfig:
-    """The weights are dequantized once per x block, so: the fewest x blocks of at most 128 rows that
-    cover M, each as small as that allows (a multiple of 16); split-K as in the example's heuristic
-    where the tiles would leave half of the SMs idle, or below ``SMALL_M`` as described there.
-    K must hold ``DEFAULT_STAGES`` k tiles."""
+def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132, max_block_x: int = ONE_WARPGROUP_MAX_BLOCK_X) -> WgmmaConfig:
+    """The weights are dequantized once per x block, so: the fewest x blocks of at most
+    ``max_block_x`` rows that cover M, each as small as that allows (a multiple of 16); split-K as in
+    the example's heuristic where the tiles would leave half of the SMs idle, or below ``SMALL_M`` as
+    described there. K must hold ``DEFAULT_STAGES`` k tiles. The heuristic stays with one warpgroup
+    (128 rows) until two have been measured; the tuner also asks for up to ``MAX_BLOCK_X``."""
     m = min(m, example.MAX_M_PER_LAUNCH)
-    x_blocks = -(-m // MAX_BLOCK_X)
+    x_blocks = -(-m // max_block_x)
     block_x = 16 * -(-m // (16 * x_blocks))
     return _small_m_config(n, k, block_x, sm_count) if m < SMALL_M else _x_blocked(m, n, k, block_x, sm_count)
 
@@ -217,6 +241,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} (one 128-byte swizzled row)")
     if config.block_x % X_BLOCK_STEP or config.block_x > MAX_BLOCK_X:
         raise ValueError(f"config {config}: block_x must be a multiple of {X_BLOCK_STEP} and at most {MAX_BLOCK_X}")
+    if config.warpgroups not in (1, 2) or config.warpgroups < min_warpgroups(config.block_x):
+        raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
 
@@ -226,13 +252,14 @@ class WgmmaPipeline(NamedTuple):
     block and stage count (see ``wgmma_pipeline``)."""
 
     acc_size: int
+    threads: int
     x_row: object
     w_row: object
     setup: object
     segment: object
 
 
-def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
+def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) -> WgmmaPipeline:
     """The pipeline, as TileLang macros.
 
     ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; None
@@ -251,7 +278,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
     like the A half a dequant overwrites was released by the previous k tile's wgmma wait, which
     every warp passed before this k tile's barrier. The two loaders (``WgmmaConfig.tma_loads``):
 
-    - cp.async from all 128 threads, issued right after the barrier. cp.async writes are
+    - cp.async from all threads, issued right after the barrier. cp.async writes are
       generic-proxy and wgmma reads async-proxy, so a ``fence.proxy.async`` follows each stage's wait.
     - TMA from one thread (x: a 2D box with the 128-byte swizzle the wgmma descriptor expects; codes
       and scales: 3D boxes of the CTA's fragment blocks), completing on the stage's ``full`` barrier
@@ -263,21 +290,27 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
     from tilelang.layout import make_full_bank_swizzled_layout
 
     bx, bk = block_x, SWIZZLE_K
-    rows = threads = WARPGROUP_ROWS  # one warp per 32-row fragment block
+    rows, wgs = CTA_ROWS, warpgroups
+    threads = WARPGROUP_THREADS * wgs
+    atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
-    a_size = bk // 16 * ATOMS * 8  # bf16 per thread and k tile: [k16 step][m64 atom][4 registers]
-    acc_size = ATOMS * bx // 2  # per atom: bx / 8 column groups x 4 floats
+    a_size = bk // 16 * atoms * 8  # bf16 per thread and k tile: [k16 step][m64 atom][4 registers]
+    acc_size = atoms * bx // 2  # per atom: bx / 8 column groups x 4 floats
     x_stage_bytes = bx * bk * 2
 
-    # Accumulator q = (p * bx / 8 + i) * 4 + c holds atom row 16w + 8(c // 2) + g, i.e. weight row
-    # 32w + 16p + 8(c // 2) + g, and x row 8i + 2t + c % 2 (the wgmma D-fragment layout).
+    # Accumulator q = (p * bx / 8 + i) * 4 + c of warp w (counted over the CTA) holds x row
+    # 8i + 2t + c % 2 (the wgmma D-fragment layout) and weight row 16 * atoms * w + 16p + 8(c // 2) + g:
+    # 32w + 16p + ... with one warpgroup, 16w + ... (p = 0) with two (see the module docstring).
     def x_row(q, bm, lane):
         return bm * bx + q % (bx // 2) // 4 * 8 + lane % 4 * 2 + q % 2
 
     def w_row(q, bn, lane, warp):
-        return bn * rows + warp * 32 + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
+        return bn * rows + warp * 16 * atoms + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
     load_x = x_tile_loader(bx, bk, threads)
+    dequant_source = example.DEQUANT_SOURCE
+    if wgs == 2:
+        dequant_source += example.dequant_function("nvfp4_dequant_half_block", 2)
 
     def block_copier(words_per_block: int):
         """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
@@ -339,29 +372,31 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
         T.sync_threads()  # everyone's loads landed; everyone finished tile t - 2's dequant and wgmma
         if not tma_loads:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
+        block, part = warp_words(warp, wgs)
         for kb in T.unroll(kbs):
             T.call_extern(
                 "handle",
-                "nvfp4_dequant_block",
+                "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
                 # Read-only pointers: an address_of here would count as a shared-memory write for
                 # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
-                T.access_ptr(code_tiles[stage, warp, kb, lane * 4], "r", extent=4),
-                T.access_ptr(scale_tiles[stage, warp, kb, lane // 4 * 2], "r", extent=2),
+                T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
+                T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
                 T.address_of(b_regs[0]),
             )
-            # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h;
-            # q walks this k32 block's A values in register order: q = ((s * ATOMS + p) * 4 + h * 2 + rh) * 2 + e.
-            for q in T.unroll(2 * ATOMS * 8):
-                a_regs[half * a_size + kb * 2 * ATOMS * 8 + q] = b_regs[
-                    (4 * (2 * (q // 8 % ATOMS) + q // 2 % 2) + 2 * (q // (8 * ATOMS)) + q // 4 % 2) * 2 + q % 2
+            # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
+            # (word j = 2p + rowhalf of the words dequantized); q walks this k32 block's A values in
+            # register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
+            for q in T.unroll(2 * atoms * 8):
+                a_regs[half * a_size + kb * 2 * atoms * 8 + q] = b_regs[
+                    (4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2
                 ]
         T.warpgroup_fence_operand(a_regs, half * a_size, num_regs=a_size // 2)
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_arrive()
-        for s, p in T.grid(bk // 16, ATOMS):  # unrolled: nvcc unrolls the constant loops
+        for s, p in T.grid(bk // 16, atoms):  # unrolled: nvcc unrolls the constant loops
             T.ptx_wgmma_rs(
                 T.float32, f"m{WGMMA_ATOM_M}n{bx}k16", True, "bf16", "bf16", "fp32",
-                a_regs.data, half * a_size + (s * ATOMS + p) * 8,
+                a_regs.data, half * a_size + (s * atoms + p) * 8,
                 desc.data, (stage * x_stage_bytes + s * 32) // 16,  # k16 step s: 32 bytes on
                 acc.data, p * bx // 2,
                 1, 1, 1,
@@ -386,7 +421,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
-        T.import_source(example.DEQUANT_SOURCE)
+        T.import_source(dequant_source)
         T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
         return x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc
 
@@ -413,7 +448,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool) -> WgmmaPipeline:
         if not tma_loads:
             T.ptx_wait_group(0)
 
-    return WgmmaPipeline(acc_size, x_row, w_row, setup, segment)
+    return WgmmaPipeline(acc_size, threads, x_row, w_row, setup, segment)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -422,10 +457,10 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     import tilelang.language as T
 
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
-    rows = threads = WARPGROUP_ROWS
+    rows = CTA_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads)
-    acc_size, x_row, w_row = pipe.acc_size, pipe.x_row, pipe.w_row
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
+    acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
     exchange = example.split_k_exchange(n, split_k, acc_size)
     store = example.scaled_store(acc_size)
     M = T.dynamic("m")

@@ -22,10 +22,21 @@ ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H200)")
 
 
-@pytest.mark.parametrize("config", [wg.WgmmaConfig(16, 64, 4), wg.WgmmaConfig(128, 64, 3), wg.WgmmaConfig(16, 64, 4, tma_loads=True)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        wg.WgmmaConfig(16, 64, 4),
+        wg.WgmmaConfig(128, 64, 3),
+        wg.WgmmaConfig(16, 64, 4, tma_loads=True),
+        wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2),
+        wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2),
+    ],
+)
 def test_compiles_for_sm90a(config):
     source = wg.compile_wgmma(5120, 6144, config).get_kernel_source()
-    assert "wgmma_rs<" in source and "nvfp4_dequant_block(" in source and "mul.rn.bf16x2" in source
+    dequant = "nvfp4_dequant_block(" if config.warpgroups == 1 else "nvfp4_dequant_half_block("
+    assert "wgmma_rs<" in source and dequant in source and "mul.rn.bf16x2" in source
+    assert f"__launch_bounds__({config.warpgroups * wg.WARPGROUP_THREADS}" in source
     if config.tma_loads:
         # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
         assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
@@ -60,6 +71,9 @@ def ptxas_report(source: str) -> str:
         (34816, 5120, wg.WgmmaConfig(8, 64, 8, split_k=2)),  # the smallest x block
         (5120, 6144, wg.WgmmaConfig(128, 64, 4, tma_loads=True)),
         (640, 2304, wg.WgmmaConfig(80, 64, 4, split_k=4, tma_loads=True)),
+        (5120, 6144, wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2)),
+        (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4, warpgroups=2)),
+        (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -116,11 +130,43 @@ def test_refuses_other_archs(monkeypatch):
 
 @pytest.mark.parametrize(
     "config",
-    [wg.WgmmaConfig(block_k=128), wg.WgmmaConfig(block_x=12), wg.WgmmaConfig(block_x=136), wg.WgmmaConfig(stages=2), wg.WgmmaConfig(tma_loads=1), wg.WgmmaConfig(split_k=True)],
+    [
+        wg.WgmmaConfig(block_k=128),
+        wg.WgmmaConfig(block_x=12),
+        wg.WgmmaConfig(block_x=264),  # over wgmma's largest N
+        wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
+        wg.WgmmaConfig(block_x=136, warpgroups=2),  # two warpgroups take the x block in 16-row steps
+        wg.WgmmaConfig(block_x=8, warpgroups=2),
+        wg.WgmmaConfig(warpgroups=3),
+        wg.WgmmaConfig(stages=2),
+        wg.WgmmaConfig(tma_loads=1),
+        wg.WgmmaConfig(split_k=True),
+    ],
 )
 def test_bad_configs(config):
     with pytest.raises(ValueError):
         wg.check_wgmma_config(config, 4096, 4096)
+
+
+@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2)])
+def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
+    """The layout side of both warpgroup shapes, on the CPU: the weight rows a warp's dequant covers
+    (words 2 * part .. of its block, word j feeding row 8j + g) are the rows its accumulators are
+    stored to (``w_row``); and the x rows of a thread's accumulators cover the x block once."""
+    wgs = warpgroups
+    pipe = wg.wgmma_pipeline(block_x, 4, block_x >= wg.TMA_BLOCK_X, wgs)
+    assert pipe.threads == wgs * wg.WARPGROUP_THREADS and pipe.acc_size == wg.ATOMS // wgs * block_x // 2
+    stored = set()
+    for warp in range(pipe.threads // 32):
+        block, part = wg.warp_words(warp, wgs)
+        words = range(2 * part, 2 * part + 4 // wgs)
+        for lane in range(32):
+            dequantized = {32 * block + 8 * j + lane // 4 for j in words}
+            rows = {(pipe.w_row(q, 0, lane, warp), pipe.x_row(q, 0, lane)) for q in range(pipe.acc_size)}
+            assert {w for w, _ in rows} == dequantized, (warp, lane)
+            stored |= rows
+    assert pipe.threads * pipe.acc_size == wg.CTA_ROWS * block_x  # so the cover below is one-to-one
+    assert stored == {(w, x) for w in range(wg.CTA_ROWS) for x in range(block_x)}
 
 
 def test_heuristic_x_block_is_the_tightest_cover():
@@ -129,7 +175,7 @@ def test_heuristic_x_block_is_the_tightest_cover():
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
         bx = wg.get_wgmma_config(m, 16384, 5120).block_x
         blocks = -(-m // bx)
-        assert bx % 16 == 0 and bx <= wg.MAX_BLOCK_X and blocks == -(-m // wg.MAX_BLOCK_X)
+        assert bx % 16 == 0 and bx <= wg.ONE_WARPGROUP_MAX_BLOCK_X and blocks == -(-m // wg.ONE_WARPGROUP_MAX_BLOCK_X)
         assert bx - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
     assert [wg.get_wgmma_config(m, 16384, 5120).block_x for m in (64, 72, 128, 144, 1024)] == [64, 80, 128, 80, 128]
 
@@ -162,7 +208,7 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
     assert wg.get_wgmma_config(128, 11008, 4096).block_x == 128
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 8):
         c = wg.get_wgmma_config(m, 4096, 4096)
-        assert 2 * (4096 // wg.WARPGROUP_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
+        assert 2 * (4096 // wg.CTA_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
 def test_heuristic_small_m_split_and_stages():
@@ -174,7 +220,7 @@ def test_heuristic_small_m_split_and_stages():
     for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304), (256, 256), (128, 512)]:
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
             c = wg.get_wgmma_config(m, n, k)
-            tiles = n // wg.WARPGROUP_ROWS
+            tiles = n // wg.CTA_ROWS
             assert c.split_k == 1 or (tiles * c.split_k <= 2 * 132 and k // 64 // c.split_k >= wg.MIN_K_TILES_PER_SPLIT), (m, n, k, c)
             wg.check_wgmma_config(c, n, k)
 
@@ -187,8 +233,12 @@ def test_heuristic_leaves_short_k_to_the_other_kernels():
 
 
 # Each GPU case runs with both loaders (cp.async and TMA: WgmmaConfig.tma_loads).
-SPECIAL_SCALE_CONFIGS = [wg.WgmmaConfig(64, 64, 3, split_k=s, tma_loads=t) for s in (1, 2) for t in (False, True)]
-GRAPH_CONFIGS = [wg.WgmmaConfig(96, 64, 3, split_k=s, tma_loads=t) for s in (1, 4) for t in (False, True)]
+SPECIAL_SCALE_CONFIGS = [
+    wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((64, 1), (64, 2), (192, 2)) for s in (1, 2) for t in (False, True)
+]
+GRAPH_CONFIGS = [
+    wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((96, 1), (208, 2)) for s in (1, 4) for t in (False, True)
+]
 REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
     (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
@@ -206,6 +256,11 @@ REFERENCE_CASES = [
     (20, 640, 2304, wg.WgmmaConfig(24, 64, 4)),  # an x block of 8 rows times an odd number
     (256, 5120, 6144, wg.WgmmaConfig(128, 64, 4, split_k=3)),  # splits need not be powers of two
     (40, 640, 2304, wg.WgmmaConfig(48, 64, 4, split_k=6)),  # 6 k tiles per split
+    (144, 5120, 6144, wg.WgmmaConfig(144, 64, 4, warpgroups=2)),  # two warpgroups, one atom each
+    (256, 4096, 4096, wg.WgmmaConfig(256, 64, 5, split_k=2, warpgroups=2)),
+    (300, 640, 2304, wg.WgmmaConfig(160, 64, 4, split_k=4, warpgroups=2)),  # two x blocks, the second partial; 9 k tiles per split
+    (20, 5120, 6144, wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2)),  # twice the warps at small M
+    (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
@@ -214,6 +269,8 @@ STREAMK_CASES = [
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2)),  # 5 tiles x 36 k tiles: ranges inside one tile, odd counts
     (1, 4096, 4096, sk.WgmmaStreamKConfig(8, 64, 4, 2)),
     (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
+    (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
@@ -268,7 +325,7 @@ def test_graph_replays_match_eager(config):
 
 def test_deepest_stages_keep_two_ctas_per_sm():
     """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more."""
-    for bx in range(16, wg.MAX_BLOCK_X + 1, 16):
+    for bx in range(16, wg.ONE_WARPGROUP_MAX_BLOCK_X + 1, 16):
         stages = wg.deepest_stages(bx)
         config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages)
         wg.check_wgmma_config(config, 16384, 5120)
@@ -292,7 +349,14 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
 
 @pytest.mark.parametrize(
     "config",
-    [sk.WgmmaStreamKConfig(block_x=12), sk.WgmmaStreamKConfig(stages=2), sk.WgmmaStreamKConfig(ctas_per_sm=3), sk.WgmmaStreamKConfig(block_k=128)],
+    [
+        sk.WgmmaStreamKConfig(block_x=12),
+        sk.WgmmaStreamKConfig(stages=2),
+        sk.WgmmaStreamKConfig(ctas_per_sm=3),
+        sk.WgmmaStreamKConfig(block_k=128),
+        sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
+        sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
+    ],
 )
 def test_streamk_bad_configs(config):
     with pytest.raises(ValueError):
@@ -327,8 +391,6 @@ def test_streamk_config_round_trips_through_a_table_entry():
     config = sk.WgmmaStreamKConfig(96, 64, 5, 2)
     entry = sk.config_to_json(config)
     assert entry["kind"] == "WgmmaStreamKConfig" and type(sk.config_from_json(entry)) is sk.WgmmaStreamKConfig
-
-
 
 
 @needs_sm90
