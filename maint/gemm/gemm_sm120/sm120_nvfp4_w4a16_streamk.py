@@ -502,12 +502,13 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
             return get_streamk_config(m, n, k, sm_count=sm_count)
         ctas = hopper.wgmma_ctas(config, m, n)
         iterations = ctas // config.split_k * (k // config.block_k)  # output tiles x k tiles
+        per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
         if (
             m >= hopper.SMALL_M
             and sm_imbalance(ctas, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
-            and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * WGMMA_STREAMK_CTAS_PER_SM * sm_count
+            and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count
         ):
-            return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, WGMMA_STREAMK_CTAS_PER_SM, config.tma_loads)
+            return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)
         return config
     return get_streamk_config(m, n, k, sm_count=sm_count)
 

@@ -107,13 +107,15 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (15-45; compiling is the tuner's cost): both heuristics'
-    choices, the fragment kernel over every split with one or two k groups, stream-K over the
+    """Configs worth timing at this M (15-45; compiling is the tuner's cost): the dispatch's and both
+    heuristics' choices, the fragment kernel over every split with one or two k groups, stream-K over the
     heuristic's tile, and on sm_90 the wgmma kernel (``wgmma_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
-    out = [heuristic, maint.get_streamk_config(m, n, k, sm_count=sm_count)]
+    # What the dispatch runs without a table entry, so the timings always show its distance from the best.
+    dispatched = maint.heuristic_config(m, n, k, arch=arch, sm_count=sm_count)
+    out = [dispatched, heuristic, maint.get_streamk_config(m, n, k, sm_count=sm_count)]
     if isinstance(heuristic, nv.FragConfig):
         out += [heuristic._replace(split_k=split, warps_k=wk) for split in FRAG_SPLITS for wk in FRAG_WARPS_K]
         if s.block_m == 16:

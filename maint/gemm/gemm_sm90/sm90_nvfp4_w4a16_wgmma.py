@@ -118,8 +118,18 @@ def warp_words(warp, warpgroups: int):
 
 DEFAULT_STAGES = 4
 # From M = 17 the tuned H200 table (2026-11-30) took this kernel in every shape, over the fragment
-# kernel; at M <= 16 the two traded cells.
+# kernel; at M <= 16 the two traded cells. Where the weight tiles give at most half of the SMs a CTA
+# (small N), it wins from M = 5 with the split of SMALL_M below: at M = 8 (H200, 2026-11-30) 9.4 us
+# against the fragment kernel's 9.8 at 4096x4096, 11.6 against 12.8 at 6144x4096 (Marlin: 9.6 and
+# 12.0), and the tuned table takes it at M = 5-16 on both N = 5120 shapes. At M <= 4 the fragment
+# kernel's 16-row tile wastes no more than a 16-row x block and kept every cell against Marlin.
 HEURISTIC_MIN_M = 17
+SMALL_N_MIN_M = 5
+
+
+def heuristic_min_m(n: int, sm_count: int) -> int:
+    """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M``)."""
+    return SMALL_N_MIN_M if 2 * (n // CTA_ROWS) <= sm_count else HEURISTIC_MIN_M
 # Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
 # and each split keeps MIN_K_TILES_PER_SPLIT k tiles (4096x4096 M = 32: split 4, 16 k tiles each,
 # 11.6 us; split 8, 8 each, 18.1), and x blocks of up to DEEP_STAGES_MAX_BLOCK_X rows take
@@ -193,8 +203,8 @@ def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132, max_block
     """The weights are dequantized once per x block, so: the fewest x blocks of at most
     ``max_block_x`` rows that cover M, each as small as that allows (a multiple of 16); split-K as in
     the example's heuristic where the tiles would leave half of the SMs idle, or below ``SMALL_M`` as
-    described there. K must hold ``DEFAULT_STAGES`` k tiles. The heuristic stays with one warpgroup
-    (128 rows) until two have been measured; the tuner also asks for up to ``MAX_BLOCK_X``."""
+    described there. K must hold ``DEFAULT_STAGES`` k tiles. Two warpgroups (up to ``MAX_BLOCK_X``)
+    are the caller's choice (``takes_two_warpgroups``)."""
     m = min(m, example.MAX_M_PER_LAUNCH)
     x_blocks = -(-m // max_block_x)
     block_x = 16 * -(-m // (16 * x_blocks))
@@ -202,7 +212,7 @@ def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132, max_block
 
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The sm_90 heuristic for shapes without a tuned entry: None below HEURISTIC_MIN_M rows, or
+    """The sm_90 heuristic for shapes without a tuned entry: None below ``heuristic_min_m`` rows, or
     when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). TMA configs
     whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
 
@@ -213,13 +223,36 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     reach as many CTAs as the 64-row blocks give, those too: the split-K exchange cost more than the
     second dequant (6144x4096 M = 128: 26.9 us against 33.7; 5120x6144: 38.8 against 41.4; the only
     two cells of the 2026-11-30 timings where this part of the rule decides)."""
-    if m < HEURISTIC_MIN_M or k // SWIZZLE_K < DEFAULT_STAGES:
+    if m < heuristic_min_m(n, sm_count) or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
+    if takes_two_warpgroups(m, n, k, sm_count):
+        return _two_warpgroup_config(m, n, k, sm_count)
     config = _x_blocks_for(m, n, k, sm_count)
     if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
         config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
     return config
+
+
+# Two warpgroups above 128 x rows: one x block of up to 256 rows dequantizes the weights once where
+# blocks of 128 rows or less dequantize them twice or more. Beyond 256 rows the heuristic keeps one
+# warpgroup where that takes full 128-row blocks (TMA loads, no padding): there two warpgroups
+# lost 6-11 % (M = 384 and 512, 14336x5120 and 16384x5120). The config is the tight x block, no
+# split, the deepest pipeline that one CTA per SM holds (registers allow no second); the dispatch
+# turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
+# the H200 tuner timings (2026-11-30, five shapes; in-sample): 1.016x the tuner's best on geometric
+# mean, worst 1.14x (34816x5120 M = 544), against 1.076x, worst 1.29x, for one warpgroup alone.
+def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
+    """Whether the heuristic gives this M two warpgroups (see above)."""
+    if m <= ONE_WARPGROUP_MAX_BLOCK_X:
+        return False
+    return m <= MAX_BLOCK_X or tight_wgmma_config(m, n, k, sm_count=sm_count).block_x < TMA_BLOCK_X
+
+
+def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
+    block_x = tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=MAX_BLOCK_X).block_x
+    stages = min(deepest_stages(block_x, ctas_per_sm=1), k // SWIZZLE_K)
+    return WgmmaConfig(block_x, SWIZZLE_K, stages, 1, True, 2)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

@@ -66,6 +66,7 @@ def test_tuner_candidates_fit(arch, m):
     for n, k in [(5120, 6144), (640, 2304), (34816, 5120)]:
         configs = tune.candidates(m, n, k, arch)
         assert configs and len(configs) == len(set(configs))
+        assert sk.heuristic_config(m, n, k, arch=arch, sm_count=132) in configs  # the untuned dispatch is always timed
         kinds = {type(c) for c in configs}
         # Stream-K only over 48/64-row fragment tiles (the only place it won); wgmma only on sm_90.
         fragment_rows = nv.get_config(m, n, k).kernel_shape().block_m if m <= nv.FRAG_MAX_M else 0

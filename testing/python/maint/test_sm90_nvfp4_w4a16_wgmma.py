@@ -90,7 +90,7 @@ def test_heuristic_picks_it_on_sm90_only():
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
             assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), sk.HOPPER_CONFIGS)
             on_hopper = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-            assert isinstance(on_hopper, sk.HOPPER_CONFIGS) == (m >= wg.HEURISTIC_MIN_M)
+            assert isinstance(on_hopper, sk.HOPPER_CONFIGS) == (m >= wg.heuristic_min_m(n, 132)), (m, n, k)
             sk.check_any_config(on_hopper, n, k, "sm_90")
 
 
@@ -170,14 +170,35 @@ def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
 
 
 def test_heuristic_x_block_is_the_tightest_cover():
-    """The weights are dequantized once per x block: the fewest blocks of <= 128 rows, each as small
-    as that allows (M = 72 is one 80-row block, M = 144 two of 80 rows)."""
+    """The weights are dequantized once per x block: the fewest blocks of <= 128 rows with one
+    warpgroup, <= 256 with two, each as small as that allows (M = 72 is one 80-row block, M = 144
+    one of 144 rows on two warpgroups, M = 384 three of 128 rows on one)."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
-        bx = wg.get_wgmma_config(m, 16384, 5120).block_x
-        blocks = -(-m // bx)
-        assert bx % 16 == 0 and bx <= wg.ONE_WARPGROUP_MAX_BLOCK_X and blocks == -(-m // wg.ONE_WARPGROUP_MAX_BLOCK_X)
-        assert bx - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
-    assert [wg.get_wgmma_config(m, 16384, 5120).block_x for m in (64, 72, 128, 144, 1024)] == [64, 80, 128, 80, 128]
+        c = wg.get_wgmma_config(m, 16384, 5120)
+        most = wg.MAX_BLOCK_X if c.warpgroups == 2 else wg.ONE_WARPGROUP_MAX_BLOCK_X
+        blocks = -(-m // c.block_x)
+        assert c.block_x % 16 == 0 and c.block_x <= most and blocks == -(-m // most), (m, c)
+        assert c.block_x - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
+    assert [wg.get_wgmma_config(m, 16384, 5120).block_x for m in (64, 72, 128, 144, 384, 416, 1024)] == [64, 80, 128, 144, 128, 208, 128]
+
+
+def test_heuristic_two_warpgroups():
+    """Two warpgroups above 128 rows: always up to 256, and beyond where one warpgroup's blocks would
+    be under 128 rows; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
+    the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``)."""
+    for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
+        for n, k in ((16384, 5120), (5120, 6144), (4096, 4096), (640, 2304)):
+            c = wg.get_wgmma_config(m, n, k)
+            one = wg.tight_wgmma_config(m, n, k)
+            assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X)), (m, n, k, c)
+            if c.warpgroups == 2:
+                assert c == wg.WgmmaConfig(c.block_x, 64, min(wg.deepest_stages(c.block_x, ctas_per_sm=1), k // 64), 1, True, 2)
+            dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            sk.check_any_config(dispatched, n, k, "sm_90")
+            if isinstance(dispatched, sk.WgmmaStreamKConfig):
+                assert dispatched.warpgroups == c.warpgroups and dispatched.ctas_per_sm == (1 if c.warpgroups == 2 else 2)
+    assert wg.get_wgmma_config(192, 16384, 5120) == wg.WgmmaConfig(192, 64, 7, 1, True, 2)  # 128 CTAs, one wave
+    assert sk.heuristic_config(192, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2)  # 40 CTAs
 
 
 def test_heuristic_loads_by_tma_from_tma_block_x():
@@ -190,10 +211,10 @@ def test_heuristic_loads_by_tma_from_tma_block_x():
 
 
 def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm():
-    """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 256 (M = 256)
+    """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 512 (M = 512)
     share SMs and keep the default; cp.async configs keep it too."""
     assert wg.get_wgmma_config(128, 16384, 5120) == wg.WgmmaConfig(128, 64, wg.LONE_CTA_TMA_STAGES, 1, True)
-    assert wg.get_wgmma_config(256, 16384, 5120).stages == wg.DEFAULT_STAGES
+    assert wg.get_wgmma_config(512, 16384, 5120).stages == wg.DEFAULT_STAGES
     assert wg.get_wgmma_config(96, 16384, 5120).stages == wg.DEFAULT_STAGES  # 96-row blocks load by cp.async
     for m in range(wg.SMALL_M, nv.MAX_M_PER_LAUNCH + 1, 29):
         for n, k in ((16384, 5120), (640, 2304), (5120, 1024)):
@@ -208,7 +229,8 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
     assert wg.get_wgmma_config(128, 11008, 4096).block_x == 128
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 8):
         c = wg.get_wgmma_config(m, 4096, 4096)
-        assert 2 * (4096 // wg.CTA_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
+        if c.warpgroups == 1:  # two warpgroups leave the balance to stream-K (test_heuristic_two_warpgroups)
+            assert 2 * (4096 // wg.CTA_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
 def test_heuristic_small_m_split_and_stages():
@@ -223,6 +245,17 @@ def test_heuristic_small_m_split_and_stages():
             tiles = n // wg.CTA_ROWS
             assert c.split_k == 1 or (tiles * c.split_k <= 2 * 132 and k // 64 // c.split_k >= wg.MIN_K_TILES_PER_SPLIT), (m, n, k, c)
             wg.check_wgmma_config(c, n, k)
+
+
+def test_heuristic_takes_small_n_from_m5():
+    """Where the weight tiles give at most half of the SMs a CTA, the heuristic takes this kernel from
+    M = 5 (the M = 8 timings at HEURISTIC_MIN_M); shapes with more tiles keep the fragment kernel to
+    M = 16, and every shape keeps it at M <= 4."""
+    assert wg.get_wgmma_config(8, 4096, 4096) == wg.WgmmaConfig(16, 64, 8, 4)
+    assert wg.get_wgmma_config(16, 6144, 4096) == wg.WgmmaConfig(16, 64, 8, 4)
+    assert wg.get_wgmma_config(4, 4096, 4096) is None
+    assert wg.get_wgmma_config(16, 11008, 4096) is None and wg.get_wgmma_config(17, 11008, 4096) is not None
+    assert wg.heuristic_min_m(4096, 132) == wg.SMALL_N_MIN_M and wg.heuristic_min_m(4096, 48) == wg.HEURISTIC_MIN_M
 
 
 def test_heuristic_leaves_short_k_to_the_other_kernels():
@@ -365,11 +398,11 @@ def test_streamk_bad_configs(config):
 
 def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly():
     """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
-    at least 1.2x the mean (5120x6144 M = 256: 80 CTAs on 132 SMs); not where the CTAs spread evenly
-    (16384x5120 M = 256: 256 CTAs), not below M = 64, not where a CTA would get under 8 k tiles."""
+    at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
+    (16384x5120 M = 512: 512 CTAs), not below M = 64, not where a CTA would get under 8 k tiles."""
     assert sk.sm_imbalance(80, 132) == pytest.approx(132 / 80) and sk.sm_imbalance(264, 132) == 1.0
-    assert sk.heuristic_config(256, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 64, 4, 2, True)
-    assert isinstance(sk.heuristic_config(256, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    assert sk.heuristic_config(512, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 64, 4, 2, True)
+    assert isinstance(sk.heuristic_config(512, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
     assert isinstance(sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132), wg.WgmmaConfig)
     assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
     for n, k in [(5120, 6144), (4096, 4096), (640, 2304), (34816, 5120)]:
