@@ -130,6 +130,17 @@ def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
     assert bench.dispatched_configs(300, 4096, 4096, "example", cpu) == {nv.get_config(300, 4096, 4096, sm_count=132)}
 
 
+def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
+    """``--update --ms 144,...``: a tuned shape keeps its entries up to the old boundary below 144
+    (128), the new ones start above it and join an equal neighbour; other shapes stay as they were."""
+    a, b, c, d = (sk.config_to_json(nv.FragConfig(split_k=s)) for s in (1, 2, 4, 8))
+    entry = lambda n, lo, hi, cfg: {"n": n, "k": 256, "m_min": lo, "m_max": hi, **cfg}  # noqa: E731
+    old = [entry(128, 1, 16, a), entry(128, 17, 128, b), entry(128, 129, 1024, c), entry(256, 1, 1024, a)]
+    new = [entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # what entries_from_winners gives for --ms 144,1024
+    assert tune.update_entries(old, new, 144) == [entry(256, 1, 1024, a), entry(128, 1, 16, a), entry(128, 17, 144, b), entry(128, 145, 1024, d)]
+    assert tune.update_entries(old, new, 1) == [entry(256, 1, 1024, a), *new]  # a full re-tune replaces the shape
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_tuner_writes_its_table_and_every_candidate_time(tmp_path):
