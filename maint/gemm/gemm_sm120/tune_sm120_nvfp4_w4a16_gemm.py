@@ -173,23 +173,28 @@ def entries_from_winners(n: int, k: int, winners: list) -> list:
     return entries
 
 
-def update_entries(old: list, new: list, first_m: int) -> list:
-    """``--update``: the new entries replace the old ones of their shapes from the old boundary below
-    ``first_m`` (the first breakpoint tuned now) on; below it, and for shapes not tuned now, the old
-    entries stay. So ``--ms 144,...,1024`` re-tunes M > 128 of a table whose entries break at 128."""
+def update_entries(old: list, new: list, ms: list) -> list:
+    """``--update``: the new entries replace the old ones of their shapes over the M range tuned now,
+    from above the old boundary below the first breakpoint ``ms[0]`` to the last one ``ms[-1]`` (to
+    the end where no old entry reaches past it); outside it, and for shapes not tuned now, the old
+    entries stay. So ``--ms 144,...,1024`` re-tunes M > 128 of a table whose entries break at 128,
+    and ``--ms 1,4,8,16`` re-tunes M <= 16."""
     tuned = {(e["n"], e["k"]) for e in new}
     kept = [e for e in old if (e["n"], e["k"]) not in tuned]
     for n, k in tuned:
         mine = [e for e in old if (e["n"], e["k"]) == (n, k)]
-        low = max([e["m_max"] for e in mine if e["m_max"] < first_m], default=0)
-        shape = [dict(e, m_max=min(e["m_max"], low)) for e in mine if e["m_min"] <= low]
-        for e in (e for e in new if (e["n"], e["k"]) == (n, k)):
-            e = dict(e, m_min=max(e["m_min"], low + 1))
+        low = max([e["m_max"] for e in mine if e["m_max"] < ms[0]], default=0)
+        high = ms[-1] if any(e["m_max"] > ms[-1] for e in mine) else nv.MAX_M_PER_LAUNCH
+        below = [dict(e, m_max=min(e["m_max"], low)) for e in mine if e["m_min"] <= low]
+        tuned_now = [dict(e, m_min=max(e["m_min"], low + 1), m_max=min(e["m_max"], high)) for e in new if (e["n"], e["k"]) == (n, k) and e["m_max"] > low and e["m_min"] <= high]
+        above = [dict(e, m_min=max(e["m_min"], high + 1)) for e in mine if e["m_max"] > high]
+        shape = []
+        for e in sorted(below + tuned_now + above, key=lambda e: e["m_min"]):
             if shape and maint.config_from_json(shape[-1]) == maint.config_from_json(e) and shape[-1]["m_max"] + 1 == e["m_min"]:
-                shape[-1]["m_max"] = e["m_max"]
+                shape[-1]["m_max"] = e["m_max"]  # one entry where the seam joins equal configs
             else:
                 shape.append(e)
-        kept += sorted(shape, key=lambda e: e["m_min"])
+        kept += shape
     return kept
 
 
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=bench.parse_shapes, default=bench.DEFAULT_SHAPES)
     parser.add_argument("--ms", type=lambda t: [int(v) for v in t.split(",")], default=bench.DEFAULT_MS, help="M breakpoints")
     parser.add_argument("--out", help="table file (default: tuned/<this GPU's key>.json beside this script)")
-    parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges below --ms")
+    parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges outside --ms")
     parser.add_argument("--timings", help="also write every candidate's time to this JSON file (for heuristics)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -215,7 +220,7 @@ def main(argv=None) -> int:
     if args.timings:
         pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
     if args.update and path.exists():
-        entries = update_entries(json.loads(path.read_text())["entries"], entries, ms[0])
+        entries = update_entries(json.loads(path.read_text())["entries"], entries, ms)
     table = {"key": key, "gpu": torch.cuda.get_device_name(device), "date": datetime.date.today().isoformat(), "entries": entries}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1))

@@ -131,14 +131,20 @@ def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
 
 
 def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
-    """``--update --ms 144,...``: a tuned shape keeps its entries up to the old boundary below 144
-    (128), the new ones start above it and join an equal neighbour; other shapes stay as they were."""
+    """``--update``: a tuned shape keeps its entries outside the M range tuned now (from above the old
+    boundary below the first breakpoint to the last breakpoint); the new ones join an equal
+    neighbour; other shapes stay as they were."""
     a, b, c, d = (sk.config_to_json(nv.FragConfig(split_k=s)) for s in (1, 2, 4, 8))
     entry = lambda n, lo, hi, cfg: {"n": n, "k": 256, "m_min": lo, "m_max": hi, **cfg}  # noqa: E731
     old = [entry(128, 1, 16, a), entry(128, 17, 128, b), entry(128, 129, 1024, c), entry(256, 1, 1024, a)]
-    new = [entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # what entries_from_winners gives for --ms 144,1024
-    assert tune.update_entries(old, new, 144) == [entry(256, 1, 1024, a), entry(128, 1, 16, a), entry(128, 17, 144, b), entry(128, 145, 1024, d)]
-    assert tune.update_entries(old, new, 1) == [entry(256, 1, 1024, a), *new]  # a full re-tune replaces the shape
+    other = entry(256, 1, 1024, a)
+    tail = [entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # what entries_from_winners gives for --ms 144,1024
+    assert tune.update_entries(old, tail, [144, 1024]) == [other, entry(128, 1, 16, a), entry(128, 17, 144, b), entry(128, 145, 1024, d)]
+    head = [entry(128, 1, 4, d), entry(128, 5, 1024, b)]  # --ms 4,16: the last winner reaches 1024
+    assert tune.update_entries(old, head, [4, 16]) == [other, entry(128, 1, 4, d), entry(128, 5, 128, b), entry(128, 129, 1024, c)]
+    assert tune.update_entries(old, head, [4, 8])[2:4] == [entry(128, 5, 8, b), entry(128, 9, 16, a)]
+    assert tune.update_entries(old, tail, [1, 1024]) == [other, *tail]  # a full re-tune replaces the shape
+    assert tune.update_entries([other], tail, [144, 1024]) == [other, entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # a new shape
 
 
 @pytest.mark.slow
