@@ -755,8 +755,9 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         smem_per_cta = getattr(config, "SHARED_BYTES_PER_CTA", SM120_SMEM_PER_CTA)
         if s.shared_bytes() > smem_per_cta:
             problems.append(f"needs {s.shared_bytes()} bytes of shared memory, the arch has {smem_per_cta} per CTA")
-        if s.m16_tiles_per_warp * s.n32_blocks_per_warp * 16 > MAX_ACCUMULATORS:
-            problems.append(f"a warp tile needs more than {MAX_ACCUMULATORS} accumulators per thread")
+        max_accumulators = getattr(config, "MAX_ACCUMULATORS", MAX_ACCUMULATORS)
+        if s.m16_tiles_per_warp * s.n32_blocks_per_warp * 16 > max_accumulators:
+            problems.append(f"a warp tile needs more than {max_accumulators} accumulators per thread")
         if s.threads > 512:
             problems.append("at most 16 warps per CTA")
     if problems:

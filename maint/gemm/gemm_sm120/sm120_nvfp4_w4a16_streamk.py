@@ -77,6 +77,7 @@ class WgmmaStreamKConfig(NamedTuple):
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
+    MAX_ACCUMULATORS = hopper.WgmmaConfig.MAX_ACCUMULATORS
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""

@@ -73,7 +73,8 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one CTA per SM (registers
 # allow no second): the deepest pipeline with no split, and stream-K. Splits of 2-4 and 4 stages never
 # won; nor did two warpgroups on the heuristic's config at M = 24 and 48 (12-45 % slower), so up to
-# 128 rows there is no two-warpgroup candidate.
+# 128 rows there is no two-warpgroup candidate. Both covers are offered: x blocks of at most one
+# wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks; not yet measured).
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -99,10 +100,11 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
     out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-        bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=hopper.MAX_BLOCK_X).block_x
-        if bx > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-            out.append(W(bx, hopper.deepest_stages(bx, ctas_per_sm=1), 1, 2))
-            out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True, warpgroups=2))
+        for most in (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X):  # x blocks of one wgmma N, and wider
+            bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x
+            if bx > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
+                out.append(W(bx, hopper.deepest_stages(bx, ctas_per_sm=1), 1, 2))
+                out.append(WGMMA_STREAMK._replace(block_x=bx, ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
 
 

@@ -13,6 +13,8 @@ warpgroups (``WgmmaConfig.warpgroups``) take one atom each: warp w of warpgroup 
 ``w % 2`` of block ``2a + w // 2``, and atom a's row ``16w + 8rh + g`` is weight row
 ``64a + 16w + 8rh + g``. Above 128 x rows that keeps the weights dequantized once per x block (the
 accumulators of two atoms would not fit); below, it gives a CTA twice the warps to hide latency.
+Above 256 x rows (wgmma's largest N) a warpgroup issues two wgmmas per k16 step from the same A
+registers, x rows 0-255 and the rest, into consecutive accumulators.
 """
 
 import pathlib
@@ -35,10 +37,13 @@ SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride bet
 X_BLOCK_STEP = 8  # x blocks are multiples of 8 rows: wgmma's n step and the x tile's swizzle atom
 X_CHUNK = 8  # bf16 values per 16-byte cp.async
 WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
-# A thread holds (atoms of its warpgroup) x block_x / 2 FP32 accumulators, at most 128: one warpgroup
-# with both atoms up to 128 x rows, two warpgroups with one atom each up to 256 (wgmma's largest N).
+# A thread holds (atoms of its warpgroup) x block_x / 2 FP32 accumulators: one warpgroup with both
+# atoms up to 128 x rows (128 accumulators), two warpgroups with one atom each up to MAX_BLOCK_X.
+# Above wgmma's largest N a warpgroup issues two wgmmas per k16 step from the same A registers, so
+# the weights are still dequantized once per x block.
 ONE_WARPGROUP_MAX_BLOCK_X = 128
-MAX_BLOCK_X = 256
+WGMMA_MAX_N = 256
+MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
@@ -80,9 +85,10 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
 
 @example.config_type
 class WgmmaConfig(NamedTuple):
-    """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8, at most 128 so the accumulators
-    fit), ``block_k`` = 64 (one 128-byte swizzled row), ``stages`` shared-memory stages (at least 3:
-    see ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
+    """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8; at most 128 on one warpgroup and
+    ``MAX_BLOCK_X`` on two, so the accumulators fit), ``block_k`` = 64 (one 128-byte swizzled row),
+    ``stages`` shared-memory stages (at least 3: see ``wgmma_pipeline``), ``split_k`` CTAs per output
+    tile (grid.y, reduced as in the example),
     ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps)."""
@@ -96,6 +102,7 @@ class WgmmaConfig(NamedTuple):
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
+    MAX_ACCUMULATORS = MAX_BLOCK_X // 2  # ... and two warpgroups' one atom of up to MAX_BLOCK_X columns
 
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split);
@@ -242,15 +249,20 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
 # the H200 tuner timings (2026-11-30, five shapes; in-sample): 1.016x the tuner's best on geometric
 # mean, worst 1.14x (34816x5120 M = 544), against 1.076x, worst 1.29x, for one warpgroup alone.
+# The heuristic's x blocks stay within one wgmma N until the wider ones (two wgmmas per k16 step)
+# have been measured; the tuner offers both.
+HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
+
+
 def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     """Whether the heuristic gives this M two warpgroups (see above)."""
     if m <= ONE_WARPGROUP_MAX_BLOCK_X:
         return False
-    return m <= MAX_BLOCK_X or tight_wgmma_config(m, n, k, sm_count=sm_count).block_x < TMA_BLOCK_X
+    return m <= HEURISTIC_MAX_BLOCK_X or tight_wgmma_config(m, n, k, sm_count=sm_count).block_x < TMA_BLOCK_X
 
 
 def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
-    block_x = tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=MAX_BLOCK_X).block_x
+    block_x = tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=HEURISTIC_MAX_BLOCK_X).block_x
     stages = min(deepest_stages(block_x, ctas_per_sm=1), k // SWIZZLE_K)
     return WgmmaConfig(block_x, SWIZZLE_K, stages, 1, True, 2)
 
@@ -324,6 +336,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
 
     bx, bk = block_x, SWIZZLE_K
     rows, wgs = CTA_ROWS, warpgroups
+    n_chunks = [(j, min(WGMMA_MAX_N, bx - j)) for j in range(0, bx, WGMMA_MAX_N)]  # (first x row, wgmma N)
     threads = WARPGROUP_THREADS * wgs
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
@@ -372,7 +385,8 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
         zero-filled (by TMA, or by a predicated cp.async that reads nothing)."""
         nb = bn * blocks
         if tma_loads:
-            T.tma_copy(x[bm * bx : bm * bx + bx, kt * bk : kt * bk + bk], x_tiles[stage, :, :], barrier=full[stage])
+            for j, cols in n_chunks:  # a TMA box holds at most 256 rows
+                T.tma_copy(x[bm * bx + j : bm * bx + j + cols, kt * bk : kt * bk + bk], x_tiles[stage, j : j + cols, :], barrier=full[stage])
             T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage])
             T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage])
             if tx == 0:
@@ -427,13 +441,14 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_arrive()
         for s, p in T.grid(bk // 16, atoms):  # unrolled: nvcc unrolls the constant loops
-            T.ptx_wgmma_rs(
-                T.float32, f"m{WGMMA_ATOM_M}n{bx}k16", True, "bf16", "bf16", "fp32",
-                a_regs.data, half * a_size + (s * atoms + p) * 8,
-                desc.data, (stage * x_stage_bytes + s * 32) // 16,  # k16 step s: 32 bytes on
-                acc.data, p * bx // 2,
-                1, 1, 1,
-            )  # fmt: skip
+            for j, cols in n_chunks:  # x rows j ..: 128 bytes each on, and their accumulators
+                T.ptx_wgmma_rs(
+                    T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
+                    a_regs.data, half * a_size + (s * atoms + p) * 8,
+                    desc.data, (stage * x_stage_bytes + j * bk * 2 + s * 32) // 16,  # k16 step s: 32 bytes on
+                    acc.data, p * bx // 2 + j // 2,
+                    1, 1, 1,
+                )  # fmt: skip
         T.warpgroup_commit_batch()
         if tma_loads:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)

@@ -30,6 +30,8 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
         wg.WgmmaConfig(16, 64, 4, tma_loads=True),
         wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2),
         wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2),
+        wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2),
+        wg.WgmmaConfig(272, 64, 5, warpgroups=2),
     ],
 )
 def test_compiles_for_sm90a(config):
@@ -37,9 +39,14 @@ def test_compiles_for_sm90a(config):
     dequant = "nvfp4_dequant_block(" if config.warpgroups == 1 else "nvfp4_dequant_half_block("
     assert "wgmma_rs<" in source and dequant in source and "mul.rn.bf16x2" in source
     assert f"__launch_bounds__({config.warpgroups * wg.WARPGROUP_THREADS}" in source
+    # Above wgmma's largest N, two wgmmas per k16 step (x rows 0-255 and the rest) from the same A.
+    chunks = -(-config.block_x // wg.WGMMA_MAX_N)
+    assert len(set(re.findall(r"wgmma_rs<[^>]*>", source))) == chunks
     if config.tma_loads:
-        # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
-        assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
+        # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere. The x
+        # tile takes one box per 256 rows (a TMA box's limit).
+        loads = 2 + chunks  # codes, scales and the x boxes
+        assert source.count("tl::tma_load(") == 2 * loads and "fence_proxy_async" not in source  # in the prologue and in the loop
         assert "cp_async" not in source
     else:
         # cp.async writes are generic-proxy: a fence after each stage's wait, before the wgmma reads.
@@ -74,6 +81,7 @@ def ptxas_report(source: str) -> str:
         (5120, 6144, wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2)),
         (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
+        (16384, 5120, wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -133,7 +141,8 @@ def test_refuses_other_archs(monkeypatch):
     [
         wg.WgmmaConfig(block_k=128),
         wg.WgmmaConfig(block_x=12),
-        wg.WgmmaConfig(block_x=264),  # over wgmma's largest N
+        wg.WgmmaConfig(block_x=328, warpgroups=2),  # over MAX_BLOCK_X (accumulators)
+        wg.WgmmaConfig(block_x=264, warpgroups=2),  # two warpgroups take the x block in 16-row steps
         wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
         wg.WgmmaConfig(block_x=136, warpgroups=2),  # two warpgroups take the x block in 16-row steps
         wg.WgmmaConfig(block_x=8, warpgroups=2),
@@ -148,7 +157,7 @@ def test_bad_configs(config):
         wg.check_wgmma_config(config, 4096, 4096)
 
 
-@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2)])
+@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2), (272, 2), (320, 2)])
 def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
     """The layout side of both warpgroup shapes, on the CPU: the weight rows a warp's dequant covers
     (words 2 * part .. of its block, word j feeding row 8j + g) are the rows its accumulators are
@@ -175,7 +184,7 @@ def test_heuristic_x_block_is_the_tightest_cover():
     one of 144 rows on two warpgroups, M = 384 three of 128 rows on one)."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
         c = wg.get_wgmma_config(m, 16384, 5120)
-        most = wg.MAX_BLOCK_X if c.warpgroups == 2 else wg.ONE_WARPGROUP_MAX_BLOCK_X
+        most = wg.HEURISTIC_MAX_BLOCK_X if c.warpgroups == 2 else wg.ONE_WARPGROUP_MAX_BLOCK_X
         blocks = -(-m // c.block_x)
         assert c.block_x % 16 == 0 and c.block_x <= most and blocks == -(-m // most), (m, c)
         assert c.block_x - 16 < -(-m // blocks)  # a block 16 rows smaller would not cover M in as many blocks
@@ -313,6 +322,8 @@ REFERENCE_CASES = [
     (300, 640, 2304, wg.WgmmaConfig(160, 64, 4, split_k=4, warpgroups=2)),  # two x blocks, the second partial; 9 k tiles per split
     (20, 5120, 6144, wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2)),  # twice the warps at small M
     (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
+    (300, 5120, 6144, wg.WgmmaConfig(304, 64, 4, warpgroups=2)),  # two wgmmas per k16 step (N 256 + 48)
+    (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, split_k=3, warpgroups=2)),  # two x blocks of 320, the second partial
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
@@ -323,6 +334,7 @@ STREAMK_CASES = [
     (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
+    (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, warpgroups=2)),  # two wgmmas per k16 step
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
