@@ -137,6 +137,8 @@ SMALL_N_MIN_M = 5
 def heuristic_min_m(n: int, sm_count: int) -> int:
     """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M``)."""
     return SMALL_N_MIN_M if 2 * (n // CTA_ROWS) <= sm_count else HEURISTIC_MIN_M
+
+
 # Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
 # and each split keeps MIN_K_TILES_PER_SPLIT k tiles (4096x4096 M = 32: split 4, 16 k tiles each,
 # 11.6 us; split 8, 8 each, 18.1), and x blocks of up to DEEP_STAGES_MAX_BLOCK_X rows take
@@ -159,6 +161,8 @@ TMA_BLOCK_X = 128
 def tma_loads_for(block_x: int) -> bool:
     """The loader the heuristic and the tuner give an x block (see ``TMA_BLOCK_X``)."""
     return block_x >= TMA_BLOCK_X
+
+
 # A TMA config whose CTAs all find an SM of their own takes this many stages: one thread issues its
 # loads and no second CTA hides their latency. H200, 2026-11-30, 6 stages against 4 (us): 39.0 /
 # 44.0 (14336x5120 M = 128), 38.9 / 44.4 (16384x5120 M = 128), 45.1 / 48.6 (5120x6144 M = 384),
