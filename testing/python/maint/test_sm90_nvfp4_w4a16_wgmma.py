@@ -30,6 +30,8 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
         wg.WgmmaConfig(16, 64, 4, tma_loads=True),
         wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2),
         wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2),
+        wg.WgmmaConfig(32, 128, 5, split_k=2),
+        wg.WgmmaConfig(128, 128, 4, tma_loads=True),
     ],
 )
 def test_compiles_for_sm90a(config):
@@ -39,6 +41,7 @@ def test_compiles_for_sm90a(config):
     assert f"__launch_bounds__({config.warpgroups * wg.WARPGROUP_THREADS}" in source
     if config.tma_loads:
         # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere.
+        # (The x boxes of a 128-deep k tile, one per 64 k, come from one unrolled loop.)
         assert source.count("tl::tma_load(") == 6 and "fence_proxy_async" not in source  # 3 in the prologue, 3 in the loop
         assert "cp_async" not in source
     else:
@@ -74,6 +77,7 @@ def ptxas_report(source: str) -> str:
         (5120, 6144, wg.WgmmaConfig(256, 64, 4, tma_loads=True, warpgroups=2)),
         (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
+        (16384, 5120, wg.WgmmaConfig(32, 128, 5, split_k=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -131,7 +135,7 @@ def test_refuses_other_archs(monkeypatch):
 @pytest.mark.parametrize(
     "config",
     [
-        wg.WgmmaConfig(block_k=128),
+        wg.WgmmaConfig(block_k=256),
         wg.WgmmaConfig(block_x=12),
         wg.WgmmaConfig(block_x=264),  # over wgmma's largest N
         wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
@@ -313,6 +317,9 @@ REFERENCE_CASES = [
     (300, 640, 2304, wg.WgmmaConfig(160, 64, 4, split_k=4, warpgroups=2)),  # two x blocks, the second partial; 9 k tiles per split
     (20, 5120, 6144, wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2)),  # twice the warps at small M
     (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
+    (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, split_k=2)),  # 128-deep k tiles: two x panels per stage
+    (200, 640, 2304, wg.WgmmaConfig(128, 128, 3, split_k=2)),  # 9 k tiles per split: the odd first tile
+    (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
@@ -323,6 +330,7 @@ STREAMK_CASES = [
     (1024, 4096, 4096, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 256 tiles: most CTAs own whole tiles
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 4, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
