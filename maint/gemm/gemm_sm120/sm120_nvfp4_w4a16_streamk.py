@@ -294,7 +294,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)

@@ -59,6 +59,11 @@ STREAMK_CTAS_PER_SM = (1, 2)
 WGMMA_SMALL_M = 48
 WGMMA_SMALL_STAGES = (4, 8)
 WGMMA_MIN_BLOCK_X = 8
+# 128-deep k tiles at small M: per 256 k, 752 SASS instructions per warp against 848 for two 64-deep
+# tiles (16384x5120, x blocks of 32: the barrier, fence, wait and load issue come once per 128 k).
+# 5 stages keep 384 k in flight, as 8 stages of 64 do. Not yet measured.
+WGMMA_DEEP_K = 128
+WGMMA_DEEP_K_STAGES = 5
 WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipeline that keeps two CTAs per SM
 # N = 5120 gives only 40 tiles per x block. Splits of 3 and 6 fit K = 6144 (96 k tiles) and fill the
 # two CTA slots of every SM where powers of two leave a third empty (5120x6144 M = 256: 80 tiles x 3
@@ -88,10 +93,11 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     tight = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
     # The loader follows the x block (``hopper.tma_loads_for``): both loaders for every candidate
     # would double the tuner's time for what one measurement (2026-11-30) already sorted by x block.
-    W = lambda bx, stages, split=1, wgs=1: hopper.WgmmaConfig(bx, hopper.SWIZZLE_K, stages, split, hopper.tma_loads_for(bx), wgs)  # noqa: E731
+    W = lambda bx, stages, split=1, wgs=1, bk=hopper.SWIZZLE_K: hopper.WgmmaConfig(bx, bk, stages, split, hopper.tma_loads_for(bx), wgs)  # noqa: E731
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
+        out += [W(tight.block_x, WGMMA_DEEP_K_STAGES, split, bk=WGMMA_DEEP_K) for split in (1, *WGMMA_SPLITS)]
     else:
         out = [tight]
         blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))

@@ -32,6 +32,7 @@ WGMMA_ATOM_M = 64
 ATOMS = CTA_ROWS // WGMMA_ATOM_M  # m64 atoms per CTA: a fragment block holds two
 WARPGROUP_THREADS = 128
 SWIZZLE_K = 64  # bf16 values per 128-byte swizzled row of the x tile, the wgmma B operand
+X_ROW_BYTES = SWIZZLE_K * 2  # one x row of a 64-wide panel
 SWIZZLE_128B = 1  # the wgmma descriptor's layout type for 128-byte swizzling
 SWIZZLE_ATOM_BYTES = 8 * 128  # eight 128-byte rows: the descriptor's stride between 8-row groups
 X_BLOCK_STEP = 8  # x blocks are multiples of 8 rows: wgmma's n step and the x tile's swizzle atom
@@ -286,8 +287,8 @@ def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 
 def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaConfig,)) -> None:
     example.check_config(config, n, k, config_types)
-    if config.block_k != SWIZZLE_K:
-        raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} (one 128-byte swizzled row)")
+    if config.block_k not in (SWIZZLE_K, 2 * SWIZZLE_K):
+        raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} or {2 * SWIZZLE_K} (one or two 128-byte swizzled rows)")
     if config.block_x % X_BLOCK_STEP or config.block_x > MAX_BLOCK_X:
         raise ValueError(f"config {config}: block_x must be a multiple of {X_BLOCK_STEP} and at most {MAX_BLOCK_X}")
     if config.warpgroups not in (1, 2) or config.warpgroups < min_warpgroups(config.block_x):
@@ -308,7 +309,7 @@ class WgmmaPipeline(NamedTuple):
     segment: object
 
 
-def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) -> WgmmaPipeline:
+def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K) -> WgmmaPipeline:
     """The pipeline, as TileLang macros.
 
     ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; None
@@ -338,7 +339,8 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
 
-    bx, bk = block_x, SWIZZLE_K
+    bx, bk = block_x, block_k
+    panels = bk // SWIZZLE_K  # an x stage is this many (bx, 64) tiles, each of 128-byte rows
     rows, wgs = CTA_ROWS, warpgroups
     n_chunks = [(j, min(WGMMA_MAX_N, bx - j)) for j in range(0, bx, WGMMA_MAX_N)]  # (first x row, wgmma N)
     threads = WARPGROUP_THREADS * wgs
@@ -357,7 +359,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
     def w_row(q, bn, lane, warp):
         return bn * rows + warp * 16 * atoms + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
-    load_x = x_tile_loader(bx, bk, threads)
+    load_x = x_tile_loader(bx, SWIZZLE_K, threads)
     dequant_source = example.DEQUANT_SOURCE
     if wgs == 2:
         dequant_source += example.dequant_function("nvfp4_dequant_half_block", 2)
@@ -389,14 +391,17 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
         zero-filled (by TMA, or by a predicated cp.async that reads nothing)."""
         nb = bn * blocks
         if tma_loads:
-            for j, cols in n_chunks:  # a TMA box holds at most 256 rows
-                T.tma_copy(x[bm * bx + j : bm * bx + j + cols, kt * bk : kt * bk + bk], x_tiles[stage, j : j + cols, :], barrier=full[stage])
+            for p in T.unroll(panels):
+                kp = (kt * panels + p) * SWIZZLE_K
+                for j, cols in n_chunks:  # a TMA box holds at most 256 rows
+                    T.tma_copy(x[bm * bx + j : bm * bx + j + cols, kp : kp + SWIZZLE_K], x_tiles[stage * panels + p, j : j + cols, :], barrier=full[stage])
             T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage])
             T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage])
             if tx == 0:
                 T.mbarrier_arrive(full[stage])
         else:
-            load_x(x, x_tiles, stage, bm * bx, kt, m, tx)
+            for p in T.unroll(panels):
+                load_x(x, x_tiles, stage * panels + p, bm * bx, kt * panels + p, m, tx)
             copy_codes(codes, code_tiles, stage, nb, kt, tx)
             copy_scales(scales, scale_tiles, stage, nb, kt, tx)
             T.ptx_commit_group()
@@ -449,7 +454,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
                 T.ptx_wgmma_rs(
                     T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
                     a_regs.data, half * a_size + (s * atoms + p) * 8,
-                    desc.data, (stage * x_stage_bytes + j * bk * 2 + s * 32) // 16,  # k16 step s: 32 bytes on
+                    desc.data, (stage * x_stage_bytes + (s // 4 * bx + j) * X_ROW_BYTES + s % 4 * 32) // 16,  # k16 step s: its panel, 32 bytes on
                     acc.data, p * bx // 2 + j // 2,
                     1, 1, 1,
                 )  # fmt: skip
@@ -462,7 +467,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int) 
 
     @T.macro
     def setup():
-        x_tiles = T.alloc_shared((stages, bx, bk), T.bfloat16)
+        x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
         full = None
@@ -511,7 +516,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = CTA_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups)
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
     exchange = example.split_k_exchange(n, split_k, acc_size)
     store = example.scaled_store(acc_size)

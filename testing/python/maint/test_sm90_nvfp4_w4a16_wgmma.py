@@ -32,6 +32,8 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
         wg.WgmmaConfig(32, 64, 8, split_k=4, warpgroups=2),
         wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2),
         wg.WgmmaConfig(272, 64, 5, warpgroups=2),
+        wg.WgmmaConfig(32, 128, 5, split_k=2),
+        wg.WgmmaConfig(128, 128, 4, tma_loads=True),
     ],
 )
 def test_compiles_for_sm90a(config):
@@ -44,7 +46,8 @@ def test_compiles_for_sm90a(config):
     assert len(set(re.findall(r"wgmma_rs<[^>]*>", source))) == chunks
     if config.tma_loads:
         # Every load is TMA (async proxy, like the wgmma's reads): no proxy fence anywhere. The x
-        # tile takes one box per 256 rows (a TMA box's limit).
+        # tile takes one box per 256 rows (a TMA box's limit); the boxes of a 128-deep k tile's two
+        # x panels come from one unrolled loop.
         loads = 2 + chunks  # codes, scales and the x boxes
         assert source.count("tl::tma_load(") == 2 * loads and "fence_proxy_async" not in source  # in the prologue and in the loop
         assert "cp_async" not in source
@@ -82,6 +85,7 @@ def ptxas_report(source: str) -> str:
         (640, 2304, wg.WgmmaConfig(144, 64, 4, split_k=4, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2)),
+        (16384, 5120, wg.WgmmaConfig(32, 128, 5, split_k=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -139,7 +143,7 @@ def test_refuses_other_archs(monkeypatch):
 @pytest.mark.parametrize(
     "config",
     [
-        wg.WgmmaConfig(block_k=128),
+        wg.WgmmaConfig(block_k=256),
         wg.WgmmaConfig(block_x=12),
         wg.WgmmaConfig(block_x=328, warpgroups=2),  # over MAX_BLOCK_X (accumulators)
         wg.WgmmaConfig(block_x=264, warpgroups=2),  # two warpgroups take the x block in 16-row steps
@@ -324,6 +328,9 @@ REFERENCE_CASES = [
     (1, 640, 2304, wg.WgmmaConfig(16, 64, 4, split_k=3, warpgroups=2)),
     (300, 5120, 6144, wg.WgmmaConfig(304, 64, 4, warpgroups=2)),  # two wgmmas per k16 step (N 256 + 48)
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, split_k=3, warpgroups=2)),  # two x blocks of 320, the second partial
+    (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, split_k=2)),  # 128-deep k tiles: two x panels per stage
+    (200, 640, 2304, wg.WgmmaConfig(128, 128, 3, split_k=2)),  # 9 k tiles per split: the odd first tile
+    (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
@@ -335,6 +342,7 @@ STREAMK_CASES = [
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, warpgroups=2)),  # two wgmmas per k16 step
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 4, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
