@@ -87,9 +87,9 @@ def x_tile_loader(x_rows: int, block_k: int, threads: int):
 @example.config_type
 class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8; at most 128 on one warpgroup and
-    ``MAX_BLOCK_X`` on two, so the accumulators fit), ``block_k`` = 64 (one 128-byte swizzled row),
-    ``stages`` shared-memory stages (at least 3: see ``wgmma_pipeline``), ``split_k`` CTAs per output
-    tile (grid.y, reduced as in the example),
+    ``MAX_BLOCK_X`` on two, so the accumulators fit), ``block_k`` = 64 or 128 (one or two 64-wide x
+    panels of 128-byte swizzled rows per stage), ``stages`` shared-memory stages (at least 3: see
+    ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
     ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps)."""
