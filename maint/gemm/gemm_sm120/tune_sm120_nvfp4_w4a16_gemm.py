@@ -167,18 +167,26 @@ def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, ti
     return winners
 
 
-def entries_from_winners(n: int, k: int, winners: list) -> list:
-    """Merge consecutive breakpoints with the same winner; breakpoint m_i covers (m_{i-1}, m_i],
-    and the last one reaches M = 1024."""
-    entries, low = [], 1
-    for i, (m, config, _) in enumerate(winners):
-        high = nv.MAX_M_PER_LAUNCH if i == len(winners) - 1 else m
-        if entries and maint.config_from_json(entries[-1]) == config:
-            entries[-1]["m_max"] = high
+def join_equal_neighbours(entries: list) -> list:
+    """One shape's entries, sorted by M: neighbours with the same config and touching M ranges
+    become one entry."""
+    joined = []
+    for e in entries:
+        if joined and maint.config_from_json(joined[-1]) == maint.config_from_json(e) and joined[-1]["m_max"] + 1 == e["m_min"]:
+            joined[-1] = dict(joined[-1], m_max=e["m_max"])
         else:
-            entries.append({"n": n, "k": k, "m_min": low, "m_max": high, **maint.config_to_json(config)})
-        low = high + 1
-    return entries
+            joined.append(e)
+    return joined
+
+
+def entries_from_winners(n: int, k: int, winners: list) -> list:
+    """Breakpoint m_i covers (m_{i-1}, m_i], and the last one reaches M = 1024; consecutive
+    breakpoints with the same winner share one entry."""
+    bounds = [m for m, _, _ in winners[:-1]] + [nv.MAX_M_PER_LAUNCH]
+    lows = [1] + [m + 1 for m in bounds[:-1]]
+    return join_equal_neighbours(
+        [{"n": n, "k": k, "m_min": low, "m_max": high, **maint.config_to_json(config)} for low, high, (_, config, _) in zip(lows, bounds, winners)]
+    )
 
 
 def update_entries(old: list, new: list, ms: list) -> list:
@@ -196,13 +204,7 @@ def update_entries(old: list, new: list, ms: list) -> list:
         below = [dict(e, m_max=min(e["m_max"], low)) for e in mine if e["m_min"] <= low]
         tuned_now = [dict(e, m_min=max(e["m_min"], low + 1), m_max=min(e["m_max"], high)) for e in new if (e["n"], e["k"]) == (n, k) and e["m_max"] > low and e["m_min"] <= high]
         above = [dict(e, m_min=max(e["m_min"], high + 1)) for e in mine if e["m_max"] > high]
-        shape = []
-        for e in sorted(below + tuned_now + above, key=lambda e: e["m_min"]):
-            if shape and maint.config_from_json(shape[-1]) == maint.config_from_json(e) and shape[-1]["m_max"] + 1 == e["m_min"]:
-                shape[-1]["m_max"] = e["m_max"]  # one entry where the seam joins equal configs
-            else:
-                shape.append(e)
-        kept += shape
+        kept += join_equal_neighbours(sorted(below + tuned_now + above, key=lambda e: e["m_min"]))
     return kept
 
 
