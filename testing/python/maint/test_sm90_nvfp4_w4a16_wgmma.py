@@ -342,10 +342,18 @@ STREAMK_CASES = [
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, warpgroups=2)),  # two warpgroups: 40 tiles over 132 CTAs
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, warpgroups=2)),  # two wgmmas per k16 step
-    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 4, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
+
+
+def test_gpu_cases_are_valid_configs():
+    """The GPU cases run only on an H200; a config that cannot launch must fail here, on any machine."""
+    cases = [(n, k, c) for _, n, k, c in REFERENCE_CASES + STREAMK_CASES]
+    cases += [(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS] + [(5120, 6144, c) for c in GRAPH_CONFIGS]
+    for n, k, config in cases:
+        sk.check_any_config(config, n, k, "sm_90")
 
 
 @pytest.fixture(scope="module", autouse=True)
