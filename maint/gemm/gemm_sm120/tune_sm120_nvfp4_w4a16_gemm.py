@@ -59,11 +59,6 @@ STREAMK_CTAS_PER_SM = (1, 2)
 WGMMA_SMALL_M = 48
 WGMMA_SMALL_STAGES = (4, 8)
 WGMMA_MIN_BLOCK_X = 8
-# 128-deep k tiles at small M: per 256 k, 752 SASS instructions per warp against 848 for two 64-deep
-# tiles (16384x5120, x blocks of 32: the barrier, fence, wait and load issue come once per 128 k).
-# 5 stages keep 384 k in flight, as 8 stages of 64 do. Not yet measured.
-WGMMA_DEEP_K = 128
-WGMMA_DEEP_K_STAGES = 5
 WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipeline that keeps two CTAs per SM
 # N = 5120 gives only 40 tiles per x block. Splits of 3 and 6 fit K = 6144 (96 k tiles) and fill the
 # two CTA slots of every SM where powers of two leave a third empty (5120x6144 M = 256: 80 tiles x 3
@@ -79,7 +74,8 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # allow no second): the deepest pipeline with no split, and stream-K. Splits of 2-4 and 4 stages never
 # won; nor did two warpgroups on the heuristic's config at M = 24 and 48 (12-45 % slower), so up to
 # 128 rows there is no two-warpgroup candidate. Both covers are offered: x blocks of at most one
-# wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks; not yet measured).
+# wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
+# won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -97,7 +93,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     if m <= WGMMA_SMALL_M:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
-        out += [W(tight.block_x, WGMMA_DEEP_K_STAGES, split, bk=WGMMA_DEEP_K) for split in (1, *WGMMA_SPLITS)]
+        out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
     else:
         out = [tight]
         blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))

@@ -152,6 +152,16 @@ SMALL_M_CTAS_PER_SM = 2
 MIN_K_TILES_PER_SPLIT = 16
 DEEP_STAGES = 8
 DEEP_STAGES_MAX_BLOCK_X = 32
+# Those deep-staged blocks take 128-deep k tiles where their CTAs fit two per SM: per 256 k a warp
+# issues 752 SASS instructions against 848 for two 64-deep tiles (the barrier, fence, wait and load
+# issue come once per 128 k), and DEEP_K_STAGES keep 384 k in flight as 8 stages of 64 do. H200 tuner timings
+# (2026-11-30f, M = 24 and 32, 32-row blocks, 128-deep against 64-deep with 8 stages): 1.01-1.14x
+# faster in all 24 cells of up to 264 CTAs (four shapes, splits 1-6), but 0.93-0.96x at 34816x5120
+# (272 and 544 CTAs) and 0.85-0.95x with a split of 8 (320-2176 CTAs). Twins of the heuristic's own
+# configs on the shapes without table entries: 4096x4096 M = 8-32, 8.6-10.4 us against 9.4-10.8;
+# 11008x4096 M = 24 and 32, 19.0 and 19.7 against 20.3 and 21.2. 48-row blocks gained nothing.
+DEEP_K = 2 * SWIZZLE_K
+DEEP_K_STAGES = 5
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 # TMA loads from this x block on. H200, 2026-11-30, TMA against cp.async (us): 128-row blocks
 # 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
@@ -193,7 +203,7 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConf
 
 
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
-    """One x block below ``SMALL_M``: the split and stages described at ``SMALL_M``."""
+    """One x block below ``SMALL_M``: the split, stages and k depth described at ``SMALL_M``."""
     tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
     while (
         tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count
@@ -202,8 +212,12 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
         and split * 2 <= example.MAX_SPLIT_K
     ):
         split *= 2
-    stages = DEEP_STAGES if block_x <= DEEP_STAGES_MAX_BLOCK_X else DEFAULT_STAGES
-    return WgmmaConfig(block_x, SWIZZLE_K, min(stages, k_tiles // split), split)
+    if block_x > DEEP_STAGES_MAX_BLOCK_X:
+        return WgmmaConfig(block_x, SWIZZLE_K, min(DEFAULT_STAGES, k_tiles // split), split)
+    deep_k_tiles = k // DEEP_K // split if k % (DEEP_K * split) == 0 else 0
+    if tiles * split <= SMALL_M_CTAS_PER_SM * sm_count and deep_k_tiles >= DEEP_K_STAGES:
+        return WgmmaConfig(block_x, DEEP_K, DEEP_K_STAGES, split)
+    return WgmmaConfig(block_x, SWIZZLE_K, min(DEEP_STAGES, k_tiles // split), split)
 
 
 def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
@@ -254,8 +268,10 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
 # the H200 tuner timings (2026-11-30, five shapes; in-sample): 1.016x the tuner's best on geometric
 # mean, worst 1.14x (34816x5120 M = 544), against 1.076x, worst 1.29x, for one warpgroup alone.
-# The heuristic's x blocks stay within one wgmma N until the wider ones (two wgmmas per k16 step)
-# have been measured; the tuner offers both.
+# The heuristic's x blocks stay within one wgmma N. The wider ones (two wgmmas per k16 step) won
+# 13-21 % at M = 272 and 304 where N >= 14336 gives 112 or more weight tiles (H200, 2026-11-30f:
+# 16384x5120 M = 272, 74.8 us against 84.0), but took twice as long at 5120x6144 (40 tiles: 86.0
+# against 42.3); no shape without a table entry has measured them, so only the tuner offers them.
 HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
 
 

@@ -248,9 +248,12 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
 
 def test_heuristic_small_m_split_and_stages():
     """Below SMALL_M the split doubles while the CTAs fit two per SM and each split keeps 16 k tiles;
-    x blocks of up to 32 rows take 8 stages (the H200 timings at SMALL_M's comment)."""
-    assert wg.get_wgmma_config(32, 4096, 4096) == wg.WgmmaConfig(32, 64, 8, 4)  # split 8 would leave 8 k tiles
-    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 64, 8, 2)  # 256 CTAs
+    x blocks of up to 32 rows take 128-deep k tiles where their CTAs fit two per SM, else 8 stages
+    of 64 (the H200 timings at SMALL_M's and DEEP_K's comments)."""
+    assert wg.get_wgmma_config(32, 4096, 4096) == wg.WgmmaConfig(32, 128, 5, 4)  # split 8 would leave 8 k tiles
+    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 128, 5, 2)  # 256 CTAs
+    assert wg.get_wgmma_config(32, 34816, 5120) == wg.WgmmaConfig(32, 64, 8, 1)  # 272 CTAs: over two per SM
+    assert wg.get_wgmma_config(17, 256, 256) == wg.WgmmaConfig(32, 64, 4, 1)  # two 128-deep tiles: too few stages
     assert wg.get_wgmma_config(40, 34816, 5120) == wg.WgmmaConfig(48, 64, 4, 1)  # 272 tiles fill both slots
     for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304), (256, 256), (128, 512)]:
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
@@ -264,8 +267,8 @@ def test_heuristic_takes_small_n_from_m5():
     """Where the weight tiles give at most half of the SMs a CTA, the heuristic takes this kernel from
     M = 5 (the M = 8 timings at HEURISTIC_MIN_M); shapes with more tiles keep the fragment kernel to
     M = 16, and every shape keeps it at M <= 4."""
-    assert wg.get_wgmma_config(8, 4096, 4096) == wg.WgmmaConfig(16, 64, 8, 4)
-    assert wg.get_wgmma_config(16, 6144, 4096) == wg.WgmmaConfig(16, 64, 8, 4)
+    assert wg.get_wgmma_config(8, 4096, 4096) == wg.WgmmaConfig(16, 128, 5, 4)
+    assert wg.get_wgmma_config(16, 6144, 4096) == wg.WgmmaConfig(16, 128, 5, 4)
     assert wg.get_wgmma_config(4, 4096, 4096) is None
     assert wg.get_wgmma_config(16, 11008, 4096) is None and wg.get_wgmma_config(17, 11008, 4096) is not None
     assert wg.heuristic_min_m(4096, 132) == wg.SMALL_N_MIN_M and wg.heuristic_min_m(4096, 48) == wg.HEURISTIC_MIN_M
@@ -288,6 +291,24 @@ def test_heuristic_against_the_committed_h200_timings():
         assert chosen in times, (n, k, m, chosen)
         ratios.append(times[chosen] / min(times.values()))
     assert len(ratios) == 75 and math.exp(sum(map(math.log, ratios)) / len(ratios)) < 1.02
+
+
+def test_heuristic_deep_k_against_the_committed_h200_timings():
+    """Where the heuristic takes 128-deep k tiles, the tuner timed both its config and the 64-deep
+    twin with 8 stages (M = 24 and 32, committed under results/), and the 128-deep one won every cell."""
+    import json
+
+    path = ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_timings_2026-11-30f_m24-64.json"
+    cells = {}
+    for row in json.loads(path.read_text())["timings"]:
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["us"]
+    deep = 0
+    for (n, k, m), times in cells.items():
+        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        if getattr(chosen, "block_k", None) == wg.DEEP_K:
+            deep += 1
+            assert times[chosen] < times[chosen._replace(block_k=wg.SWIZZLE_K, stages=wg.DEEP_STAGES)], (n, k, m)
+    assert deep == 8  # four shapes at M = 24 and 32; 34816x5120 has 272 tiles, over two CTAs per SM
 
 
 def test_heuristic_leaves_short_k_to_the_other_kernels():
