@@ -478,24 +478,12 @@ def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyCon
     return StreamKConfig(shape.block_m, shape.block_n, shape.block_k, shape.warps_m, shape.warps_n, base.stages, 1)
 
 
-# From M = 64 (hopper.SMALL_M), stream-K over the wgmma kernel where the split-K kernel's CTAs load
-# the SMs unevenly: the busiest SM, CTAs dealt round-robin, holding at least this many times the
-# mean. Over the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample)
-# this took 43 cells to stream-K and was 1.06x faster on geometric mean than the split-K choice
-# alone; the worst cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster
-# (5120x17408 M = 128, 320 CTAs). Below M = 64 and under 1.2 it lost more than it won.
-WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 WGMMA_STREAMK_CTAS_PER_SM = 2
-
-
-def sm_imbalance(ctas: int, sm_count: int) -> float:
-    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
-    return math.ceil(ctas / sm_count) / (ctas / sm_count)
 
 
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
     """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
-    stream-K where its CTAs would load the SMs unevenly, see WGMMA_STREAMK_MIN_IMBALANCE), else the
+    stream-K where its CTAs would load the SMs unevenly, see hopper.WGMMA_STREAMK_MIN_IMBALANCE), else the
     stream-K heuristic (which falls back to the example's). Other archs never get wgmma."""
     if arch == "sm_90":
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
@@ -506,7 +494,7 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
         if (
             m >= hopper.SMALL_M
-            and sm_imbalance(ctas, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+            and hopper.sm_imbalance(ctas, sm_count) >= hopper.WGMMA_STREAMK_MIN_IMBALANCE
             and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count
         ):
             return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)

@@ -17,6 +17,7 @@ Above 256 x rows (wgmma's largest N) a warpgroup issues two wgmmas per k16 step 
 registers, x rows 0-255 and the rest, into consecutive accumulators.
 """
 
+import math
 import pathlib
 import sys
 from typing import NamedTuple, Optional
@@ -260,6 +261,20 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     return config
 
 
+# From M = 64 (SMALL_M), stream-K over the wgmma kernel where the split-K kernel's CTAs load
+# the SMs unevenly: the busiest SM, CTAs dealt round-robin, holding at least this many times the
+# mean. Over the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample)
+# this took 43 cells to stream-K and was 1.06x faster on geometric mean than the split-K choice
+# alone; the worst cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster
+# (5120x17408 M = 128, 320 CTAs). Below M = 64 and under 1.2 it lost more than it won.
+WGMMA_STREAMK_MIN_IMBALANCE = 1.2
+
+
+def sm_imbalance(ctas: int, sm_count: int) -> float:
+    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
+    return math.ceil(ctas / sm_count) / (ctas / sm_count)
+
+
 # Two warpgroups above 128 x rows: one x block of up to 256 rows dequantizes the weights once where
 # blocks of 128 rows or less dequantize them twice or more. Beyond 256 rows the heuristic keeps one
 # warpgroup where that takes full 128-row blocks (TMA loads, no padding): there two warpgroups
@@ -275,11 +290,34 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
 
 
+# Two exceptions keep one warpgroup; both were read off the shapes without table entries (H200,
+# 2026-11-30f untuned run against the 2026-11-30e one, ours over cuBLAS of each run), so they are
+# fitted to those cells and change none of the 75 tuner cells above:
+# - Under TWO_WARPGROUP_MIN_K_TILES_PER_SM k tiles of work per SM the stream-K fix-up of the few,
+#   large tiles costs more than the second dequant saves: 4096x4096 M = 144-256 (32 tiles, K = 4096:
+#   15.5 per SM) lost 3-15 %; 6144x4096 (23 per SM) and 4096x11008 (42) gained up to 49 %.
+# - Where two warpgroups' tiles load the SMs unevenly (the dispatch makes them stream-K) and one
+#   warpgroup's tight blocks, unsplit, fill a single wave of two CTAs per SM to ONE_WAVE_MIN_FILL:
+#   11008x4096 M = 272 and 304 (258 tiles of 96 and 112 rows for 264 slots) lost 20-25 % on two
+#   warpgroups (172 tiles over 132 SMs). Where two warpgroups' tiles spread evenly they keep them
+#   (16384x5120 M = 144-256: 128 tiles, 5-10 % faster than one warpgroup's 256).
+TWO_WARPGROUP_MIN_K_TILES_PER_SM = 20
+ONE_WAVE_MIN_FILL = 0.95
+
+
 def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     """Whether the heuristic gives this M two warpgroups (see above)."""
     if m <= ONE_WARPGROUP_MAX_BLOCK_X:
         return False
-    return m <= HEURISTIC_MAX_BLOCK_X or tight_wgmma_config(m, n, k, sm_count=sm_count).block_x < TMA_BLOCK_X
+    one = tight_wgmma_config(m, n, k, sm_count=sm_count)
+    two = _two_warpgroup_config(m, n, k, sm_count)
+    if _tiles(m, n, two.block_x) * (k // SWIZZLE_K) < TWO_WARPGROUP_MIN_K_TILES_PER_SM * sm_count:
+        return False
+    slots = SMALL_M_CTAS_PER_SM * sm_count
+    uneven = sm_imbalance(_tiles(m, n, two.block_x), sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+    if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
+        return False
+    return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X
 
 
 def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

@@ -198,9 +198,10 @@ def test_heuristic_x_block_is_the_tightest_cover():
 def test_heuristic_two_warpgroups():
     """Two warpgroups above 128 rows: always up to 256, and beyond where one warpgroup's blocks would
     be under 128 rows; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
-    the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``)."""
+    the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``). The two shapes
+    here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
-        for n, k in ((16384, 5120), (5120, 6144), (4096, 4096), (640, 2304)):
+        for n, k in ((16384, 5120), (5120, 6144)):
             c = wg.get_wgmma_config(m, n, k)
             one = wg.tight_wgmma_config(m, n, k)
             assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X)), (m, n, k, c)
@@ -212,6 +213,21 @@ def test_heuristic_two_warpgroups():
                 assert dispatched.warpgroups == c.warpgroups and dispatched.ctas_per_sm == (1 if c.warpgroups == 2 else 2)
     assert wg.get_wgmma_config(192, 16384, 5120) == wg.WgmmaConfig(192, 64, 7, 1, True, 2)  # 128 CTAs, one wave
     assert sk.heuristic_config(192, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2)  # 40 CTAs
+
+
+def test_heuristic_two_warpgroup_exceptions():
+    """One warpgroup where two would have under 20 k tiles per SM (4096x4096 M <= 256: 32 tiles of 64
+    k tiles), or where two need stream-K while one warpgroup's unsplit tiles fill one wave of two CTAs
+    per SM (11008x4096 M = 272 and 304: 258 tiles); both lost on the H200 (``takes_two_warpgroups``)."""
+    for m in (144, 192, 256):
+        assert wg.get_wgmma_config(m, 4096, 4096).warpgroups == 1
+        assert wg.get_wgmma_config(m, 4096, 11008).warpgroups == 2  # 172 k tiles: 42 per SM
+        assert wg.get_wgmma_config(m, 6144, 4096).warpgroups == 2  # 48 tiles: 23 per SM
+    for m in (272, 304):
+        assert wg.get_wgmma_config(m, 11008, 4096).warpgroups == 1
+        assert wg.get_wgmma_config(m, 4096, 4096).warpgroups == 2  # 64 tiles of one warpgroup: half a wave
+    assert wg.get_wgmma_config(256, 16384, 5120).warpgroups == 2  # 128 tiles: two warpgroups spread evenly
+    assert all(wg.get_wgmma_config(m, 640, 2304).warpgroups == 1 for m in range(129, nv.MAX_M_PER_LAUNCH + 1, 16))
 
 
 def test_heuristic_loads_by_tma_from_tma_block_x():
@@ -468,7 +484,7 @@ def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly():
     """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
     at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
     (16384x5120 M = 512: 512 CTAs), not below M = 64, not where a CTA would get under 8 k tiles."""
-    assert sk.sm_imbalance(80, 132) == pytest.approx(132 / 80) and sk.sm_imbalance(264, 132) == 1.0
+    assert wg.sm_imbalance(80, 132) == pytest.approx(132 / 80) and wg.sm_imbalance(264, 132) == 1.0
     assert sk.heuristic_config(512, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 64, 4, 2, True)
     assert isinstance(sk.heuristic_config(512, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
     assert isinstance(sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132), wg.WgmmaConfig)
