@@ -261,8 +261,8 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     return config
 
 
-# From M = 64 (SMALL_M), stream-K over the wgmma kernel where the split-K kernel's CTAs load
-# the SMs unevenly: the busiest SM, CTAs dealt round-robin, holding at least this many times the
+# From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
+# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM, CTAs dealt round-robin, holding at least this many times the
 # mean. Over the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample)
 # this took 43 cells to stream-K and was 1.06x faster on geometric mean than the split-K choice
 # alone; the worst cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster
@@ -310,11 +310,11 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     if m <= ONE_WARPGROUP_MAX_BLOCK_X:
         return False
     one = tight_wgmma_config(m, n, k, sm_count=sm_count)
-    two = _two_warpgroup_config(m, n, k, sm_count)
-    if _tiles(m, n, two.block_x) * (k // SWIZZLE_K) < TWO_WARPGROUP_MIN_K_TILES_PER_SM * sm_count:
+    two_tiles = _tiles(m, n, _two_warpgroup_config(m, n, k, sm_count).block_x)
+    if two_tiles * (k // SWIZZLE_K) < TWO_WARPGROUP_MIN_K_TILES_PER_SM * sm_count:
         return False
     slots = SMALL_M_CTAS_PER_SM * sm_count
-    uneven = sm_imbalance(_tiles(m, n, two.block_x), sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+    uneven = sm_imbalance(two_tiles, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
     if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
         return False
     return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X
