@@ -47,6 +47,10 @@ ONE_WARPGROUP_MAX_BLOCK_X = 128
 WGMMA_MAX_N = 256
 MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
+# 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
+# registers (see ``operand_sizes``). Past this ptxas serializes every wgmma (warning C7512): correct,
+# but nothing overlaps. One warpgroup with 128-deep k tiles did at 104 x rows (104 + 128), not at 96.
+MAX_WGMMA_OPERAND_REGISTERS = 224
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
@@ -112,6 +116,14 @@ class WgmmaConfig(NamedTuple):
         return example.KernelShape(
             self.block_x, CTA_ROWS, self.block_k, self.warpgroups, CTA_ROWS // example.FRAG_N, self.stages, self.split_k
         )
+
+
+def operand_sizes(block_x: int, block_k: int, warpgroups: int) -> tuple:
+    """``(a_size, acc_size)`` per thread: bf16 A values of one k tile ([k16 step][m64 atom][4
+    registers]; the kernel keeps two such halves) and FP32 accumulators (per atom of its warpgroup,
+    block_x / 8 column groups of 4)."""
+    atoms = ATOMS // warpgroups
+    return block_k // 16 * atoms * 8, atoms * block_x // 2
 
 
 def min_warpgroups(block_x: int) -> int:
@@ -349,6 +361,12 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
+    a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
+    if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
+        raise ValueError(
+            f"config {config}: {acc_size} accumulators and {a_size} A registers per thread exceed {MAX_WGMMA_OPERAND_REGISTERS}, "
+            "where ptxas serializes the wgmmas (a smaller block_x or block_k, or two warpgroups)"
+        )
 
 
 class WgmmaPipeline(NamedTuple):
@@ -400,8 +418,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
     threads = WARPGROUP_THREADS * wgs
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
-    a_size = bk // 16 * atoms * 8  # bf16 per thread and k tile: [k16 step][m64 atom][4 registers]
-    acc_size = atoms * bx // 2  # per atom: bx / 8 column groups x 4 floats
+    a_size, acc_size = operand_sizes(bx, bk, wgs)
     x_stage_bytes = bx * bk * 2
 
     # Accumulator q = (p * bx / 8 + i) * 4 + c of warp w (counted over the CTA) holds x row

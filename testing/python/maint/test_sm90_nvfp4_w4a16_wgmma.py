@@ -33,7 +33,8 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
         wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2),
         wg.WgmmaConfig(272, 64, 5, warpgroups=2),
         wg.WgmmaConfig(32, 128, 5, split_k=2),
-        wg.WgmmaConfig(128, 128, 4, tma_loads=True),
+        wg.WgmmaConfig(96, 128, 4, tma_loads=True),
+        wg.WgmmaConfig(256, 128, 3, tma_loads=True, warpgroups=2),
     ],
 )
 def test_compiles_for_sm90a(config):
@@ -86,6 +87,8 @@ def ptxas_report(source: str) -> str:
         (16384, 5120, wg.WgmmaConfig(32, 64, 8, split_k=2, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(320, 64, 5, tma_loads=True, warpgroups=2)),
         (16384, 5120, wg.WgmmaConfig(32, 128, 5, split_k=2)),
+        (16384, 5120, wg.WgmmaConfig(96, 128, 3)),  # MAX_WGMMA_OPERAND_REGISTERS exactly
+        (16384, 5120, wg.WgmmaConfig(256, 128, 3, tma_loads=True, warpgroups=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -154,6 +157,8 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(stages=2),
         wg.WgmmaConfig(tma_loads=1),
         wg.WgmmaConfig(split_k=True),
+        wg.WgmmaConfig(block_x=104, block_k=128, stages=3),  # 104 accumulators + 128 A registers: ptxas serializes
+        wg.WgmmaConfig(block_x=128, block_k=128, stages=3),
     ],
 )
 def test_bad_configs(config):
@@ -366,7 +371,7 @@ REFERENCE_CASES = [
     (300, 5120, 6144, wg.WgmmaConfig(304, 64, 4, warpgroups=2)),  # two wgmmas per k16 step (N 256 + 48)
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, split_k=3, warpgroups=2)),  # two x blocks of 320, the second partial
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, split_k=2)),  # 128-deep k tiles: two x panels per stage
-    (200, 640, 2304, wg.WgmmaConfig(128, 128, 3, split_k=2)),  # 9 k tiles per split: the odd first tile
+    (200, 640, 2304, wg.WgmmaConfig(96, 128, 3, split_k=2)),  # 9 k tiles per split: the odd first tile; the most rows one warpgroup takes at 128 deep
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
