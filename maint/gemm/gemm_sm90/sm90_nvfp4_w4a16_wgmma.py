@@ -167,12 +167,13 @@ DEEP_STAGES = 8
 DEEP_STAGES_MAX_BLOCK_X = 32
 # Those deep-staged blocks take 128-deep k tiles where their CTAs fit two per SM: per 256 k a warp
 # issues 752 SASS instructions against 848 for two 64-deep tiles (the barrier, fence, wait and load
-# issue come once per 128 k), and DEEP_K_STAGES keep 384 k in flight as 8 stages of 64 do. H200 tuner timings
-# (2026-11-30f, M = 24 and 32, 32-row blocks, 128-deep against 64-deep with 8 stages): 1.01-1.14x
-# faster in all 24 cells of up to 264 CTAs (four shapes, splits 1-6), but 0.93-0.96x at 34816x5120
-# (272 and 544 CTAs) and 0.85-0.95x with a split of 8 (320-2176 CTAs). Twins of the heuristic's own
-# configs on the shapes without table entries: 4096x4096 M = 8-32, 8.6-10.4 us against 9.4-10.8;
-# 11008x4096 M = 24 and 32, 19.0 and 19.7 against 20.3 and 21.2. 48-row blocks gained nothing.
+# issue come once per 128 k), and DEEP_K_STAGES keep 384 k in flight as 8 stages of 64 do. H200
+# tuner timings (2026-11-30f, M = 24 and 32, 32-row blocks, 128-deep against 64-deep with 8
+# stages): 1.01-1.14x faster in all 24 cells of up to 264 CTAs (four shapes, splits 1-6), but
+# 0.93-0.96x at 34816x5120 (272 and 544 CTAs) and 0.85-0.95x with a split of 8 (320-2176 CTAs).
+# Twins of the heuristic's own configs on the shapes without table entries: 4096x4096 M = 8-32,
+# 8.6-10.4 us against 9.4-10.8; 11008x4096 M = 24 and 32, 19.0 and 19.7 against 20.3 and 21.2.
+# 48-row blocks gained nothing.
 DEEP_K = 2 * SWIZZLE_K
 DEEP_K_STAGES = 5
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
@@ -274,11 +275,12 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 
 
 # From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
-# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM, CTAs dealt round-robin, holding at least this many times the
-# mean. Over the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample)
-# this took 43 cells to stream-K and was 1.06x faster on geometric mean than the split-K choice
-# alone; the worst cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster
-# (5120x17408 M = 128, 320 CTAs). Below M = 64 and under 1.2 it lost more than it won.
+# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
+# CTAs dealt round-robin, holding at least this many times the mean. Over the 146 cells at M >= 17
+# of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43 cells to stream-K and was
+# 1.06x faster on geometric mean than the split-K choice alone; the worst cell was 5.7 % slower
+# (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128, 320 CTAs). Below M = 64
+# and under 1.2 it lost more than it won. The two-warpgroup rule below uses it too.
 WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 
