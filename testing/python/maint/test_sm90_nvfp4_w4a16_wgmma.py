@@ -308,19 +308,24 @@ def test_heuristic_takes_small_n_from_m5():
     assert wg.heuristic_min_m(4096, 132) == wg.SMALL_N_MIN_M and wg.heuristic_min_m(4096, 48) == wg.HEURISTIC_MIN_M
 
 
+def committed_timings(name: str) -> dict:
+    """``{(n, k, m): {config: us}}`` from a tuner ``--timings`` file committed under results/."""
+    import json
+
+    cells = {}
+    for row in json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["timings"]:
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["us"]
+    return cells
+
+
 def test_heuristic_against_the_committed_h200_timings():
     """The two-warpgroup rule was read off the tuner's timings at M = 144-1024 (committed under
     results/): the heuristic's choice was timed in every cell, and on geometric mean it stays within
     2 % of each cell's fastest candidate (1.016x when fitted; one warpgroup alone was 1.076x)."""
-    import json
     import math
 
-    path = ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_timings_2026-11-30e_m144-1024.json"
-    cells = {}
-    for row in json.loads(path.read_text())["timings"]:
-        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["us"]
     ratios = []
-    for (n, k, m), times in cells.items():
+    for (n, k, m), times in committed_timings("h200_timings_2026-11-30e_m144-1024.json").items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
         assert chosen in times, (n, k, m, chosen)
         ratios.append(times[chosen] / min(times.values()))
@@ -330,14 +335,8 @@ def test_heuristic_against_the_committed_h200_timings():
 def test_heuristic_deep_k_against_the_committed_h200_timings():
     """Where the heuristic takes 128-deep k tiles, the tuner timed both its config and the 64-deep
     twin with 8 stages (M = 24 and 32, committed under results/), and the 128-deep one won every cell."""
-    import json
-
-    path = ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_timings_2026-11-30f_m24-64.json"
-    cells = {}
-    for row in json.loads(path.read_text())["timings"]:
-        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["us"]
     deep = 0
-    for (n, k, m), times in cells.items():
+    for (n, k, m), times in committed_timings("h200_timings_2026-11-30f_m24-64.json").items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
         if getattr(chosen, "block_k", None) == wg.DEEP_K:
             deep += 1
