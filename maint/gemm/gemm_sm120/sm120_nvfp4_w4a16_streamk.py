@@ -481,6 +481,7 @@ def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyCon
 WGMMA_STREAMK_CTAS_PER_SM = 2
 
 
+@functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
     """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly, see hopper.WGMMA_STREAMK_MIN_IMBALANCE), else the
