@@ -108,11 +108,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x
             if bx <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
                 continue
-            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):  # 128-deep where at least MIN_STAGES fit
+            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):  # 128-deep only where MIN_STAGES fit (``fits``)
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
-                if stages >= hopper.MIN_STAGES:
-                    out.append(W(bx, stages, 1, 2, bk=bk))
-                    out.append(WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2))
+                out.append(W(bx, stages, 1, 2, bk=bk))
+                out.append(WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
 
 
