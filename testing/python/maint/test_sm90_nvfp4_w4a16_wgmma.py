@@ -402,11 +402,17 @@ STREAMK_CASES = [
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
 
 
+# Every (N, K, config) the GPU tests below compile.
+GPU_CASE_CONFIGS = (
+    {(n, k, c) for _, n, k, c in REFERENCE_CASES + STREAMK_CASES}
+    | {(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS}
+    | {(5120, 6144, c) for c in GRAPH_CONFIGS}
+)
+
+
 def test_gpu_cases_are_valid_configs():
     """The GPU cases run only on an H200; a config that cannot launch must fail here, on any machine."""
-    cases = [(n, k, c) for _, n, k, c in REFERENCE_CASES + STREAMK_CASES]
-    cases += [(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS] + [(5120, 6144, c) for c in GRAPH_CONFIGS]
-    for n, k, config in cases:
+    for n, k, config in GPU_CASE_CONFIGS:
         sk.check_any_config(config, n, k, "sm_90")
 
 
@@ -415,10 +421,7 @@ def precompiled_wgmma_kernels():
     """Compile the GPU tests' kernels in parallel first (TileLang's disk cache turns each in-test
     compile into a load). Correctness does not depend on it."""
     if ON_SM90:
-        configs = {(n, k, c) for _, n, k, c in REFERENCE_CASES}
-        configs |= {(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS} | {(5120, 6144, c) for c in GRAPH_CONFIGS}
-        configs |= {(n, k, c) for _, n, k, c in STREAMK_CASES}
-        nv.precompile(configs, "sm_90", sk.compile_any)
+        nv.precompile(GPU_CASE_CONFIGS, "sm_90", sk.compile_any)
 
 
 @needs_sm90
