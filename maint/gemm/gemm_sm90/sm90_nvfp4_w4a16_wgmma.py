@@ -137,6 +137,34 @@ def warp_words(warp, warpgroups: int):
     return warp // warpgroups, warp % warpgroups
 
 
+# From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
+# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
+# CTAs dealt round-robin, holding at least this many times the mean. Over the 146 cells at M >= 17
+# of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43 cells to stream-K and was
+# 1.06x faster on geometric mean than the split-K choice alone; the worst cell was 5.7 % slower
+# (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128, 320 CTAs). Below M = 64
+# and under 1.2 it lost more than it won. The M <= 16 split and the two-warpgroup rule below use it too.
+WGMMA_STREAMK_MIN_IMBALANCE = 1.2
+
+
+def sm_imbalance(ctas: int, sm_count: int) -> float:
+    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
+    return math.ceil(ctas / sm_count) / (ctas / sm_count)
+
+
+# At M <= 16 on shapes whose weight tiles (N / 128) load the SMs unevenly, where the fragment
+# kernel's split rule (the example's: split only below half the SMs) leaves them unsplit, the
+# heuristic takes this kernel from M = 1 with 16-row x blocks and doubles the split until the CTAs
+# spread evenly. H200, 2026-11-30g, heuristic before / after (us, M = 1, 8, 16): 11008x4096 (86
+# tiles) 15.2 / 13.6, 16.0 / 14.4, 16.5 / 15.8 (split 4; Marlin 15.9 at M = 8); 34816x5120 (272
+# tiles) 42.8 / 36.9, 43.6 / 39.7, 45.1 / 44.1. Wider x blocks lost with it (34816x5120 M = 24 and
+# 32, 32-row blocks: split 4 57.3 us against 51.1 for split 2), so it stops at 16 rows. The same
+# doubling took 5120x17408 (40 tiles) at M = 5-16 from split 4 to 8: 28.1-29.8 us against
+# 25.1-29.1. It stops at split 8, the largest the tuner times.
+UNEVEN_SPLIT_MAX_BLOCK_X = 16
+UNEVEN_MAX_SPLIT = 8
+
+
 DEFAULT_STAGES = 4
 # From M = 17 the tuned H200 table (2026-11-30) took this kernel in every shape, over the fragment
 # kernel; at M <= 16 the two traded cells. Where the weight tiles give at most half of the SMs a CTA
@@ -149,8 +177,10 @@ SMALL_N_MIN_M = 5
 
 
 def heuristic_min_m(n: int, sm_count: int) -> int:
-    """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M``)."""
-    return SMALL_N_MIN_M if 2 * (n // CTA_ROWS) <= sm_count else HEURISTIC_MIN_M
+    """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M`` and ``UNEVEN_SPLIT_MAX_BLOCK_X``)."""
+    if 2 * (n // CTA_ROWS) <= sm_count:
+        return SMALL_N_MIN_M
+    return 1 if sm_imbalance(n // CTA_ROWS, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE else HEURISTIC_MIN_M
 
 
 # Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
@@ -217,10 +247,15 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConf
 
 
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
-    """One x block below ``SMALL_M``: the split, stages and k depth described at ``SMALL_M``."""
+    """One x block below ``SMALL_M``: the split, stages and k depth described at ``SMALL_M``, the
+    split of x blocks of up to 16 rows as at ``UNEVEN_SPLIT_MAX_BLOCK_X``."""
     tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
+
+    def uneven(split: int) -> bool:  # see UNEVEN_SPLIT_MAX_BLOCK_X
+        return block_x <= UNEVEN_SPLIT_MAX_BLOCK_X and split < UNEVEN_MAX_SPLIT and sm_imbalance(tiles * split, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+
     while (
-        tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count
+        (tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count or uneven(split))
         and k_tiles % (split * 2) == 0
         and k_tiles // (split * 2) >= MIN_K_TILES_PER_SPLIT
         and split * 2 <= example.MAX_SPLIT_K
@@ -272,21 +307,6 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
         config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
     return config
-
-
-# From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
-# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
-# CTAs dealt round-robin, holding at least this many times the mean. Over the 146 cells at M >= 17
-# of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43 cells to stream-K and was
-# 1.06x faster on geometric mean than the split-K choice alone; the worst cell was 5.7 % slower
-# (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128, 320 CTAs). Below M = 64
-# and under 1.2 it lost more than it won. The two-warpgroup rule below uses it too.
-WGMMA_STREAMK_MIN_IMBALANCE = 1.2
-
-
-def sm_imbalance(ctas: int, sm_count: int) -> float:
-    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
-    return math.ceil(ctas / sm_count) / (ctas / sm_count)
 
 
 # Two warpgroups above 128 x rows: one x block of up to 256 rows dequantizes the weights once where

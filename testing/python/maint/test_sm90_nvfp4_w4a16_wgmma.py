@@ -297,15 +297,22 @@ def test_heuristic_small_m_split_and_stages():
             wg.check_wgmma_config(c, n, k)
 
 
-def test_heuristic_takes_small_n_from_m5():
+def test_heuristic_takes_small_n_from_m5_and_uneven_n_from_m1():
     """Where the weight tiles give at most half of the SMs a CTA, the heuristic takes this kernel from
-    M = 5 (the M = 8 timings at HEURISTIC_MIN_M); shapes with more tiles keep the fragment kernel to
-    M = 16, and every shape keeps it at M <= 4."""
+    M = 5 (the M = 8 timings at HEURISTIC_MIN_M); where they load the SMs unevenly, from M = 1 with
+    the split doubled until they spread (UNEVEN_SPLIT_MAX_BLOCK_X); shapes whose tiles spread evenly
+    keep the fragment kernel to M = 16, and small-N shapes keep it at M <= 4."""
     assert wg.get_wgmma_config(8, 4096, 4096) == wg.WgmmaConfig(16, 128, 5, 4)
     assert wg.get_wgmma_config(16, 6144, 4096) == wg.WgmmaConfig(16, 128, 5, 4)
     assert wg.get_wgmma_config(4, 4096, 4096) is None
-    assert wg.get_wgmma_config(16, 11008, 4096) is None and wg.get_wgmma_config(17, 11008, 4096) is not None
-    assert wg.heuristic_min_m(4096, 132) == wg.SMALL_N_MIN_M and wg.heuristic_min_m(4096, 48) == wg.HEURISTIC_MIN_M
+    assert wg.get_wgmma_config(16, 16384, 5120) is None and wg.get_wgmma_config(17, 16384, 5120) is not None  # 128 tiles
+    assert wg.get_wgmma_config(16, 14336, 5120) is None  # 112 tiles: the busiest SM holds 1.18x the mean
+    assert wg.get_wgmma_config(1, 11008, 4096) == wg.WgmmaConfig(16, 64, 8, 4)  # 86 tiles: 344 CTAs
+    assert wg.get_wgmma_config(1, 34816, 5120) == wg.WgmmaConfig(16, 64, 8, 4)  # 272 tiles: 1088 CTAs
+    assert wg.get_wgmma_config(8, 5120, 17408) == wg.WgmmaConfig(16, 64, 8, wg.UNEVEN_MAX_SPLIT)  # 40 tiles: 320 CTAs
+    assert wg.heuristic_min_m(4096, 132) == wg.SMALL_N_MIN_M and wg.heuristic_min_m(4096, 36) == wg.HEURISTIC_MIN_M  # 32 tiles, 36 SMs
+    assert wg.heuristic_min_m(4096, 48) == 1 and wg.heuristic_min_m(11008, 132) == 1  # 32 tiles for 48 SMs, 86 for 132
+    assert wg.heuristic_min_m(16384, 132) == wg.HEURISTIC_MIN_M
 
 
 def committed_timings(name: str) -> dict:
@@ -342,6 +349,29 @@ def test_heuristic_deep_k_against_the_committed_h200_timings():
             deep += 1
             assert times[chosen] < times[chosen._replace(block_k=wg.SWIZZLE_K, stages=wg.DEEP_STAGES)], (n, k, m)
     assert deep == 8  # four shapes at M = 24 and 32; 34816x5120 has 272 tiles, over two CTAs per SM
+
+
+def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch):
+    """At M <= 16 the heuristic doubles the split of 16-row x blocks past two CTAs per SM while the
+    CTAs load the SMs unevenly (wg.UNEVEN_SPLIT_MAX_BLOCK_X). In every cell where that decides, the
+    H200 timings committed under results/ hold its config, the config without the doubling, and
+    where the shape used to go to the fragment kernel (N / 128 >= half the SMs) that kernel's
+    heuristic config; the heuristic's config beat both."""
+    cells = {}
+    for name in ("h200_timings_2026-11-30g_m1-16.json", "h200_timings_2026-11-30g_uneven_m1-16.json"):
+        cells.update(committed_timings(name))
+    decided = 0
+    for (n, k, m), times in cells.items():
+        chosen = sk.heuristic_config.__wrapped__(m, n, k, arch="sm_90", sm_count=132)  # not the cache: the monkeypatch below
+        if not isinstance(chosen, wg.WgmmaConfig) or (n // wg.CTA_ROWS) * chosen.split_k <= wg.SMALL_M_CTAS_PER_SM * 132:
+            continue
+        decided += 1
+        with monkeypatch.context() as patch:
+            patch.setattr(wg, "UNEVEN_MAX_SPLIT", 1)
+            undoubled = wg._small_m_config(n, k, chosen.block_x, 132)
+        rivals = [undoubled] + ([nv.get_config(m, n, k, sm_count=132)] if 2 * (n // wg.CTA_ROWS) > 132 else [])
+        assert all(times[chosen] < times[rival] for rival in rivals), (n, k, m, chosen, rivals)
+    assert decided == 9  # 34816x5120 at M = 1, 4, 8, 16; 11008x4096 at 1, 8, 16; 5120x17408 at 8, 16
 
 
 def test_heuristic_leaves_short_k_to_the_other_kernels():
