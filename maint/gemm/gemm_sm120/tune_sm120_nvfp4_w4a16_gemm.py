@@ -76,8 +76,12 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # 128 rows there is no two-warpgroup candidate. Both covers are offered: x blocks of at most one
 # wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
 # won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
-# Each also with 128-deep k tiles where three stages fit (up to 256 rows): 23 % fewer instructions
-# per k at 256 rows (SASS, 16384x5120), but loads only one tile ahead; not yet measured.
+# Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
+# the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
+# won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
+# stages that fit from 192 rows they took 1.4-3.3x as long (16384x5120 M = 1024: 358.9 us against
+# 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
+WGMMA_DEEP_K_MIN_STAGES = 4
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -108,8 +112,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x
             if bx <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
                 continue
-            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):  # 128-deep only where MIN_STAGES fit (``fits``)
+            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
+                if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
+                    continue
                 out.append(W(bx, stages, 1, 2, bk=bk))
                 out.append(WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
