@@ -159,8 +159,8 @@ def sm_imbalance(ctas: int, sm_count: int) -> float:
 # tiles) 15.2 / 13.6, 16.0 / 14.4, 16.5 / 15.8 (split 4; Marlin 15.9 at M = 8); 34816x5120 (272
 # tiles) 42.8 / 36.9, 43.6 / 39.7, 45.1 / 44.1. Wider x blocks lost with it (34816x5120 M = 24 and
 # 32, 32-row blocks: split 4 57.3 us against 51.1 for split 2), so it stops at 16 rows. The same
-# doubling took 5120x17408 (40 tiles) at M = 5-16 from split 4 to 8: 28.1-29.8 us against
-# 25.1-29.1. It stops at split 8, the largest the tuner times.
+# doubling took 5120x17408 (40 tiles) at M = 5-16 from split 4 to 8: 28.9 and 29.8 us against 26.6
+# and 29.1 at M = 8 and 16. It stops at split 8, the largest the tuner times.
 UNEVEN_SPLIT_MAX_BLOCK_X = 16
 UNEVEN_MAX_SPLIT = 8
 
