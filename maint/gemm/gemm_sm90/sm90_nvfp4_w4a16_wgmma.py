@@ -246,9 +246,29 @@ def _x_blocked(m: int, n: int, k: int, block_x: int, sm_count: int) -> WgmmaConf
     return WgmmaConfig(block_x, SWIZZLE_K, DEFAULT_STAGES, split, tma_loads_for(block_x), min_warpgroups(block_x))
 
 
+# Powers of two leave some shapes' CTAs uneven where three quarters of the split would not: 5120x6144
+# (40 tiles, 96 k tiles) gives 160 CTAs at split 4 for 132 SMs (the busiest SM holds 1.65x the mean)
+# and 120 at split 3 (1.1x). H200 tuner timings (2026-11-30f and g), split 3 against 4 on 5120x6144,
+# us: M = 8 12.0 / 13.5, 16 12.4 / 14.3, 24 13.9 / 16.5, 32 14.3 / 17.5, 48 18.2 / 20.9. Of the
+# measured shapes only K = 6144 (96 k tiles) has the factor 3.
+def _evened_split(tiles: int, k_tiles: int, split: int, sm_count: int) -> int:
+    """``split``, or three quarters of it (3 for 4, 6 for 8) where ``split`` loads the SMs unevenly
+    and that does not, divides the k tiles and keeps ``MIN_K_TILES_PER_SPLIT`` each."""
+    three_quarters = split // 4 * 3
+    if (
+        split % 4 == 0
+        and sm_imbalance(tiles * split, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+        and sm_imbalance(tiles * three_quarters, sm_count) < WGMMA_STREAMK_MIN_IMBALANCE
+        and k_tiles % three_quarters == 0
+        and k_tiles // three_quarters >= MIN_K_TILES_PER_SPLIT
+    ):
+        return three_quarters
+    return split
+
+
 def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     """One x block below ``SMALL_M``: the split, stages and k depth described at ``SMALL_M``, the
-    split of x blocks of up to 16 rows as at ``UNEVEN_SPLIT_MAX_BLOCK_X``."""
+    split of x blocks of up to 16 rows as at ``UNEVEN_SPLIT_MAX_BLOCK_X``, evened by ``_evened_split``."""
     tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
 
     def uneven(split: int) -> bool:  # see UNEVEN_SPLIT_MAX_BLOCK_X
@@ -261,6 +281,7 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
         and split * 2 <= example.MAX_SPLIT_K
     ):
         split *= 2
+    split = _evened_split(tiles, k_tiles, split, sm_count)
     if block_x > DEEP_STAGES_MAX_BLOCK_X:
         return WgmmaConfig(block_x, SWIZZLE_K, min(DEFAULT_STAGES, k_tiles // split), split)
     deep_k_tiles = k // DEEP_K // split if k % (DEEP_K * split) == 0 else 0

@@ -377,6 +377,20 @@ def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch):
     assert decided == 9  # 34816x5120 at M = 1, 4, 8, 16; 11008x4096 at 1, 8, 16; 5120x17408 at 8, 16
 
 
+def test_heuristic_evened_split_against_the_committed_h200_timings():
+    """Where a doubled split of 4 loads the SMs unevenly and 3 does not (5120x6144: 160 CTAs against
+    120), the heuristic takes 3 (wg._evened_split); the H200 tuner timings committed under results/
+    hold both configs in every such cell below SMALL_M, and split 3 won each."""
+    cells = committed_timings("h200_timings_2026-11-30g_m1-16.json") | committed_timings("h200_timings_2026-11-30f_m24-64.json")
+    decided = []
+    for (n, k, m), times in cells.items():
+        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        if isinstance(chosen, wg.WgmmaConfig) and chosen.split_k % 3 == 0:
+            decided.append(m)
+            assert times[chosen] < times[chosen._replace(split_k=chosen.split_k // 3 * 4)], (n, k, m, chosen)
+    assert sorted(decided) == [8, 16, 24, 32, 48]  # 5120x6144; M <= 4 takes the fragment kernel, M = 64 stream-K
+
+
 def test_heuristic_leaves_short_k_to_the_other_kernels():
     """K of fewer than DEFAULT_STAGES k tiles: no wgmma config, and the dispatch's fallback fits."""
     for m in (17, 64, 300):
