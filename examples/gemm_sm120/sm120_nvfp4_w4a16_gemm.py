@@ -764,6 +764,11 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
+def sm_imbalance(ctas: int, sm_count: int) -> float:
+    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
+    return math.ceil(ctas / sm_count) / (ctas / sm_count)
+
+
 def _split_k(tiles: int, m: int, n: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
     """Split K only when the output tiles would leave half of the SMs idle; then double the split
     until there are ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split and the
@@ -782,12 +787,52 @@ def _split_k(tiles: int, m: int, n: int, k: int, block_k: int, stages: int, targ
     return split
 
 
+# Unsplit output tiles that load the SMs unevenly (between half and all of the SMs, or just past a
+# whole number of waves) leave SMs idle for the whole call. So where the busiest SM would hold
+# UNEVEN_MIN_IMBALANCE times the mean, the 16-row tile takes the split (a power of two up to
+# EVENING_MAX_SPLIT) that gives the busiest SM the fewest k tiles, a larger split only where it cuts
+# them to EVENING_MAX_BUSIEST of the smaller one's, and only while the FP32 partials' traffic stays
+# within EVENING_MAX_PARTIALS of the weight bytes. H200 (2026-11-30g), fragment kernel, split 4
+# against the unsplit heuristic, us: 11008x4096 (86 tiles) M = 1 13.7 / 15.2, M = 8 15.2 / 16.0;
+# 34816x5120 (272 tiles) M = 1 36.0 / 42.8, M = 4 37.3 / 42.8, M = 8 40.8 / 43.6 (partials 9-11 % of
+# the weight bytes). At M = 16 split 4 (partials 18-22 %) lost, 48.7 / 45.1 and over 16.7 / 16.5, and
+# so did split 2 at 34816x5120 (46.7, a 17 % cut of the busiest SM's k tiles): the idle SMs cost
+# less than the busiest SM's share suggests, since the busy ones stream faster. Split 8 gained
+# nothing over 4 there (36.3 at M = 1; 39.6 against 37.3 at M = 4). Not yet measured on sm_120.
+UNEVEN_MIN_IMBALANCE = 1.2
+EVENING_MAX_SPLIT = 8
+EVENING_MAX_BUSIEST = 0.8
+EVENING_MAX_PARTIALS = 1 / 8
+
+
+def _evening_split(tiles: int, m: int, k: int, block_k: int, stages: int, sm_count: int) -> int:
+    """The split ``get_config`` gives 16-row tiles that ``_split_k`` left unsplit (see
+    ``UNEVEN_MIN_IMBALANCE``)."""
+    best = 1
+    if sm_imbalance(tiles, sm_count) < UNEVEN_MIN_IMBALANCE:
+        return best
+    k_tiles = k // block_k
+    busiest = lambda split: math.ceil(tiles * split / sm_count) * k_tiles / split  # noqa: E731
+    split = 2
+    while (
+        split <= EVENING_MAX_SPLIT
+        and k_tiles % split == 0
+        and k_tiles // split >= stages
+        and 2 * split * min(m, MAX_M_PER_LAUNCH) * 4 <= EVENING_MAX_PARTIALS * k * WEIGHT_BYTES_PER_CODE
+    ):
+        if busiest(split) <= EVENING_MAX_BUSIEST * busiest(best):
+            best = split
+        split *= 2
+    return best
+
+
 def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
     """A shape-independent heuristic (no per-shape table; maint's tuned tables do that).
 
     M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
     128 x 128 weight tiles (128 x 64 where only that lets split-K fill the SMs), split-K to about
-    two CTAs per SM where the tiles are too few (several small CTAs stream per SM). Larger M: 64-row
+    two CTAs per SM where the tiles are too few (several small CTAs stream per SM), or at M <= 16 to
+    the first split that spreads them evenly where they would load the SMs unevenly. Larger M: 64-row
     tiles over four warps (two where N % 256 != 0), split-K to about one wave where the tiles are too
     few. Split-K stops where the FP32 partials would cost more traffic than the weights.
     Measured on the H200 (2026-11-29) against the other candidates of the same family; the split
@@ -803,6 +848,8 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
             split_64 = _split_k(tiles, m, n, k, 64, stages, 2 * sm_count, sm_count)
             if split_64 > split:
                 block_k, split = 64, split_64
+        if block_m == 16 and split == 1:
+            split = _evening_split(tiles, m, k, block_k, stages, sm_count)
         return FragConfig(block_m, 128, block_k, split, min(stages, k // (block_k * split)))
     block_n = 256 if n % 256 == 0 else 128
     tiles = n // block_n * math.ceil(min(m, MAX_M_PER_LAUNCH) / 64)

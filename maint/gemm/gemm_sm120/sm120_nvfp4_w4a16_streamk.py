@@ -495,7 +495,7 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
         if (
             m >= hopper.SMALL_M
-            and hopper.sm_imbalance(ctas, sm_count) >= hopper.WGMMA_STREAMK_MIN_IMBALANCE
+            and example.sm_imbalance(ctas, sm_count) >= hopper.WGMMA_STREAMK_MIN_IMBALANCE
             and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count
         ):
             return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)

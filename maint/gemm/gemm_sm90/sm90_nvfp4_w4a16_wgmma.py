@@ -139,25 +139,23 @@ def warp_words(warp, warpgroups: int):
 
 # From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
 # kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
-# CTAs dealt round-robin, holding at least this many times the mean. Over the 146 cells at M >= 17
-# of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43 cells to stream-K and was
-# 1.06x faster on geometric mean than the split-K choice alone; the worst cell was 5.7 % slower
-# (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128, 320 CTAs). Below M = 64
-# and under 1.2 it lost more than it won. The M <= 16 split and the two-warpgroup rule below use it too.
+# CTAs dealt round-robin (``example.sm_imbalance``), holding at least this many times the mean. Over
+# the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43
+# cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
+# cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
+# 320 CTAs). Below M = 64 and under 1.2 it lost more than it won. The two-warpgroup rule below uses
+# it too; the M <= 16 split rules use the example's ``UNEVEN_MIN_IMBALANCE`` (also 1.2).
 WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 
-def sm_imbalance(ctas: int, sm_count: int) -> float:
-    """The busiest SM's CTAs over the mean, ``ctas`` dealt round-robin over ``sm_count`` SMs."""
-    return math.ceil(ctas / sm_count) / (ctas / sm_count)
-
-
-# At M <= 16 on shapes whose weight tiles (N / 128) load the SMs unevenly, where the fragment
-# kernel's split rule (the example's: split only below half the SMs) leaves them unsplit, the
-# heuristic takes this kernel from M = 1 with 16-row x blocks and doubles the split until the CTAs
-# spread evenly. H200, 2026-11-30g, heuristic before / after (us, M = 1, 8, 16): 11008x4096 (86
-# tiles) 15.2 / 13.6, 16.0 / 14.4, 16.5 / 15.8 (split 4; Marlin 15.9 at M = 8); 34816x5120 (272
-# tiles) 42.8 / 36.9, 43.6 / 39.7, 45.1 / 44.1. Wider x blocks lost with it (34816x5120 M = 24 and
+# At M <= 16 on shapes whose weight tiles (N / 128) load the SMs unevenly, the heuristic takes this
+# kernel from M = 1 with 16-row x blocks and doubles the split until the CTAs spread evenly. The
+# fragment kernel evens its split too (the example's ``_evening_split``), but only to M = 8, where
+# its partials stay small; at M = 1-8 the two ran within 6 % of each other, each ahead in some
+# cells, and at M = 16 this kernel won. H200, 2026-11-30g, the
+# unsplit fragment kernel before / this (us, M = 1, 8, 16): 11008x4096 (86 tiles) 15.2 / 13.6,
+# 16.0 / 14.4, 16.5 / 15.8 (split 4; Marlin 15.9 at M = 8); 34816x5120 (272 tiles) 42.8 / 36.9,
+# 43.6 / 39.7, 45.1 / 44.1. Wider x blocks lost with it (34816x5120 M = 24 and
 # 32, 32-row blocks: split 4 57.3 us against 51.1 for split 2), so it stops at 16 rows. The same
 # doubling took 5120x17408 (40 tiles) at M = 5-16 from split 4 to 8: 28.9 and 29.8 us against 26.6
 # and 29.1 at M = 8 and 16. It stops at split 8, the largest the tuner times.
@@ -180,7 +178,7 @@ def heuristic_min_m(n: int, sm_count: int) -> int:
     """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M`` and ``UNEVEN_SPLIT_MAX_BLOCK_X``)."""
     if 2 * (n // CTA_ROWS) <= sm_count:
         return SMALL_N_MIN_M
-    return 1 if sm_imbalance(n // CTA_ROWS, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE else HEURISTIC_MIN_M
+    return 1 if example.sm_imbalance(n // CTA_ROWS, sm_count) >= example.UNEVEN_MIN_IMBALANCE else HEURISTIC_MIN_M
 
 
 # Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
@@ -257,8 +255,8 @@ def _evened_split(tiles: int, k_tiles: int, split: int, sm_count: int) -> int:
     three_quarters = split // 4 * 3
     if (
         split % 4 == 0
-        and sm_imbalance(tiles * split, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
-        and sm_imbalance(tiles * three_quarters, sm_count) < WGMMA_STREAMK_MIN_IMBALANCE
+        and example.sm_imbalance(tiles * split, sm_count) >= example.UNEVEN_MIN_IMBALANCE
+        and example.sm_imbalance(tiles * three_quarters, sm_count) < example.UNEVEN_MIN_IMBALANCE
         and k_tiles % three_quarters == 0
         and k_tiles // three_quarters >= MIN_K_TILES_PER_SPLIT
     ):
@@ -272,7 +270,7 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
 
     def uneven(split: int) -> bool:  # see UNEVEN_SPLIT_MAX_BLOCK_X
-        return block_x <= UNEVEN_SPLIT_MAX_BLOCK_X and split < UNEVEN_MAX_SPLIT and sm_imbalance(tiles * split, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+        return block_x <= UNEVEN_SPLIT_MAX_BLOCK_X and split < UNEVEN_MAX_SPLIT and example.sm_imbalance(tiles * split, sm_count) >= example.UNEVEN_MIN_IMBALANCE
 
     while (
         (tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count or uneven(split))
@@ -369,7 +367,7 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     if two_tiles * (k // SWIZZLE_K) < TWO_WARPGROUP_MIN_K_TILES_PER_SM * sm_count:
         return False
     slots = SMALL_M_CTAS_PER_SM * sm_count
-    uneven = sm_imbalance(two_tiles, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+    uneven = example.sm_imbalance(two_tiles, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
     if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
         return False
     return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X

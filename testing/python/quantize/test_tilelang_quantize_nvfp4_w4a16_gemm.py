@@ -246,6 +246,18 @@ def test_split_k_partials_cost_less_than_the_weights(n, k):
             assert 2 * split * m * n * 4 <= n * k * nv.WEIGHT_BYTES_PER_CODE
 
 
+def test_uneven_16_row_tiles_split_until_they_spread():
+    """16-row tiles that _split_k leaves unsplit but that load the SMs unevenly take the split that
+    spreads them (nv.UNEVEN_MIN_IMBALANCE), while the partials stay small: on 132 SMs 11008x4096 (86
+    tiles) and 34816x5120 (272) split 4 at M = 1-8 and stay unsplit at M = 16 (the H200 timings in the
+    comment); 16384x5120 (128 tiles) spreads evenly over 132 SMs and not over 188."""
+    for n, k in [(11008, 4096), (34816, 5120)]:
+        assert [nv.get_config(m, n, k, sm_count=132).split_k for m in (1, 8, 16)] == [4, 4, 1]
+    assert nv.get_config(1, 16384, 5120, sm_count=132).split_k == 1
+    assert nv.get_config(1, 16384, 5120, sm_count=188).split_k == 4  # 512 CTAs: 3 on the busiest SM, 2.7 mean
+    assert nv.get_config(17, 11008, 4096, sm_count=132).split_k == 1  # 32-row tiles keep _split_k's choice
+
+
 def test_64_deep_k_tiles_where_128_cannot_split_enough():
     # K = 11008 = 128 * 86 = 128 * 2 * 43: 128-deep tiles split at most 2 ways (64 CTAs for N = 4096).
     config = nv.get_config(1, 4096, 11008, sm_count=132)
