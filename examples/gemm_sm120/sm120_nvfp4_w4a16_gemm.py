@@ -831,8 +831,8 @@ def get_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Config:
 
     M <= 96: the fragment kernel with the smallest row block that covers M (64-row passes above 64),
     128 x 128 weight tiles (128 x 64 where only that lets split-K fill the SMs), split-K to about
-    two CTAs per SM where the tiles are too few (several small CTAs stream per SM), or at M <= 16 to
-    the first split that spreads them evenly where they would load the SMs unevenly. Larger M: 64-row
+    two CTAs per SM where the tiles are too few (several small CTAs stream per SM), and for 16-row
+    tiles that would load the SMs unevenly to the split that evens them (``_evening_split``). Larger M: 64-row
     tiles over four warps (two where N % 256 != 0), split-K to about one wave where the tiles are too
     few. Split-K stops where the FP32 partials would cost more traffic than the weights.
     Measured on the H200 (2026-11-29) against the other candidates of the same family; the split

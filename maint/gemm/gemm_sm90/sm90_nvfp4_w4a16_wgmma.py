@@ -137,28 +137,17 @@ def warp_words(warp, warpgroups: int):
     return warp // warpgroups, warp % warpgroups
 
 
-# From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
-# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
-# CTAs dealt round-robin (``example.sm_imbalance``), holding at least this many times the mean. Over
-# the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43
-# cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
-# cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
-# 320 CTAs). Below M = 64 and under 1.2 it lost more than it won. The two-warpgroup rule below uses
-# it too; the M <= 16 split rules use the example's ``UNEVEN_MIN_IMBALANCE`` (also 1.2).
-WGMMA_STREAMK_MIN_IMBALANCE = 1.2
-
-
 # At M <= 16 on shapes whose weight tiles (N / 128) load the SMs unevenly, the heuristic takes this
 # kernel from M = 1 with 16-row x blocks and doubles the split until the CTAs spread evenly. The
 # fragment kernel evens its split too (the example's ``_evening_split``), but only to M = 8, where
 # its partials stay small; at M = 1-8 the two ran within 6 % of each other, each ahead in some
-# cells, and at M = 16 this kernel won. H200, 2026-11-30g, the
-# unsplit fragment kernel before / this (us, M = 1, 8, 16): 11008x4096 (86 tiles) 15.2 / 13.6,
-# 16.0 / 14.4, 16.5 / 15.8 (split 4; Marlin 15.9 at M = 8); 34816x5120 (272 tiles) 42.8 / 36.9,
-# 43.6 / 39.7, 45.1 / 44.1. Wider x blocks lost with it (34816x5120 M = 24 and
-# 32, 32-row blocks: split 4 57.3 us against 51.1 for split 2), so it stops at 16 rows. The same
-# doubling took 5120x17408 (40 tiles) at M = 5-16 from split 4 to 8: 28.9 and 29.8 us against 26.6
-# and 29.1 at M = 8 and 16. It stops at split 8, the largest the tuner times.
+# cells, and at M = 16 this kernel won. H200, 2026-11-30g, the unsplit fragment kernel before /
+# this (us, M = 1, 8, 16): 11008x4096 (86 tiles) 15.2 / 13.6, 16.0 / 14.4, 16.5 / 15.8 (split 4;
+# Marlin 15.9 at M = 8); 34816x5120 (272 tiles) 42.8 / 36.9, 43.6 / 39.7, 45.1 / 44.1. Wider x
+# blocks lost with it (34816x5120 M = 24 and 32, 32-row blocks: split 4 57.3 us against 51.1 for
+# split 2), so it stops at 16 rows. The same doubling took 5120x17408 (40 tiles) at M = 5-16 from
+# split 4 to 8: 28.9 and 29.8 us against 26.6 and 29.1 at M = 8 and 16. It stops at split 8, the
+# largest the tuner times.
 UNEVEN_SPLIT_MAX_BLOCK_X = 16
 UNEVEN_MAX_SPLIT = 8
 
@@ -326,6 +315,17 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
         config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
     return config
+
+
+# From M = 64 (SMALL_M), the dispatch (the stream-K module's ``heuristic_config``) runs the wgmma
+# kernel as stream-K where the split-K kernel's CTAs would load the SMs unevenly: the busiest SM,
+# CTAs dealt round-robin (``example.sm_imbalance``), holding at least this many times the mean. Over
+# the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43
+# cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
+# cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
+# 320 CTAs). Below M = 64 and under 1.2 it lost more than it won. The two-warpgroup rule below uses
+# it too. (The M <= 16 split rules use the example's ``UNEVEN_MIN_IMBALANCE``, also 1.2.)
+WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 
 # Two warpgroups above 128 x rows: one x block of up to 256 rows dequantizes the weights once where
