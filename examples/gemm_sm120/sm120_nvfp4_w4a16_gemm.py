@@ -805,11 +805,16 @@ EVENING_MAX_BUSIEST = 0.8
 EVENING_MAX_PARTIALS = 1 / 8
 
 
+def loads_sms_unevenly(ctas: int, sm_count: int) -> bool:
+    """Whether ``ctas`` leave the busiest SM ``UNEVEN_MIN_IMBALANCE`` times the mean or more."""
+    return sm_imbalance(ctas, sm_count) >= UNEVEN_MIN_IMBALANCE
+
+
 def _evening_split(tiles: int, m: int, k: int, block_k: int, stages: int, sm_count: int) -> int:
     """The split ``get_config`` gives 16-row tiles that ``_split_k`` left unsplit (see
     ``UNEVEN_MIN_IMBALANCE``)."""
     best = 1
-    if sm_imbalance(tiles, sm_count) < UNEVEN_MIN_IMBALANCE:
+    if not loads_sms_unevenly(tiles, sm_count):
         return best
     k_tiles = k // block_k
     busiest = lambda split: math.ceil(tiles * split / sm_count) * k_tiles / split  # noqa: E731

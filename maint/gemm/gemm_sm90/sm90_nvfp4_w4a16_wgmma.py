@@ -17,7 +17,6 @@ Above 256 x rows (wgmma's largest N) a warpgroup issues two wgmmas per k16 step 
 registers, x rows 0-255 and the rest, into consecutive accumulators.
 """
 
-import math
 import pathlib
 import sys
 from typing import NamedTuple, Optional
@@ -167,7 +166,7 @@ def heuristic_min_m(n: int, sm_count: int) -> int:
     """The smallest M the heuristic gives this kernel (see ``HEURISTIC_MIN_M`` and ``UNEVEN_SPLIT_MAX_BLOCK_X``)."""
     if 2 * (n // CTA_ROWS) <= sm_count:
         return SMALL_N_MIN_M
-    return 1 if example.sm_imbalance(n // CTA_ROWS, sm_count) >= example.UNEVEN_MIN_IMBALANCE else HEURISTIC_MIN_M
+    return 1 if example.loads_sms_unevenly(n // CTA_ROWS, sm_count) else HEURISTIC_MIN_M
 
 
 # Below SMALL_M the x block is small and a CTA light: the split doubles while the CTAs fit two per SM
@@ -244,8 +243,8 @@ def _evened_split(tiles: int, k_tiles: int, split: int, sm_count: int) -> int:
     three_quarters = split // 4 * 3
     if (
         split % 4 == 0
-        and example.sm_imbalance(tiles * split, sm_count) >= example.UNEVEN_MIN_IMBALANCE
-        and example.sm_imbalance(tiles * three_quarters, sm_count) < example.UNEVEN_MIN_IMBALANCE
+        and example.loads_sms_unevenly(tiles * split, sm_count)
+        and not example.loads_sms_unevenly(tiles * three_quarters, sm_count)
         and k_tiles % three_quarters == 0
         and k_tiles // three_quarters >= MIN_K_TILES_PER_SPLIT
     ):
@@ -259,7 +258,7 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
     tiles, k_tiles, split = n // CTA_ROWS, k // SWIZZLE_K, 1
 
     def uneven(split: int) -> bool:  # see UNEVEN_SPLIT_MAX_BLOCK_X
-        return block_x <= UNEVEN_SPLIT_MAX_BLOCK_X and split < UNEVEN_MAX_SPLIT and example.sm_imbalance(tiles * split, sm_count) >= example.UNEVEN_MIN_IMBALANCE
+        return block_x <= UNEVEN_SPLIT_MAX_BLOCK_X and split < UNEVEN_MAX_SPLIT and example.loads_sms_unevenly(tiles * split, sm_count)
 
     while (
         (tiles * split * 2 <= SMALL_M_CTAS_PER_SM * sm_count or uneven(split))
@@ -324,7 +323,7 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
 # cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
 # 320 CTAs). Below M = 64 and under 1.2 it lost more than it won. The two-warpgroup rule below uses
-# it too. (The M <= 16 split rules use the example's ``UNEVEN_MIN_IMBALANCE``, also 1.2.)
+# it too. (The M <= 16 split rules use the example's ``loads_sms_unevenly``, also at 1.2.)
 WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 

@@ -366,7 +366,7 @@ def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch):
         cells.update(committed_timings(name))
     decided = 0
     for (n, k, m), times in cells.items():
-        chosen = sk.heuristic_config.__wrapped__(m, n, k, arch="sm_90", sm_count=132)  # not the cache: the monkeypatch below
+        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
         if not isinstance(chosen, wg.WgmmaConfig) or (n // wg.CTA_ROWS) * chosen.split_k <= wg.SMALL_M_CTAS_PER_SM * 132:
             continue
         decided += 1
