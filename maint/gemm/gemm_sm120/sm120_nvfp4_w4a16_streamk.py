@@ -479,13 +479,26 @@ def get_streamk_config(m: int, n: int, k: int, *, sm_count: int = 132) -> AnyCon
 
 
 WGMMA_STREAMK_CTAS_PER_SM = 2
+# One warpgroup's stream-K takes 128-deep k tiles (hopper.DEEP_K, DEFAULT_STAGES of them) up to this x
+# block, where two such CTAs still share an SM. H200, 2026-11-30h, against 64-deep tiles, both 4
+# stages and two CTAs per SM: faster in all 42 cells measured (nine shapes, M = 1-64, x blocks of
+# 16-64 rows; 0.81-1.00x the time, 0.93x on geometric mean; 34816x5120 M = 16, 39.0 us against
+# 48.3). Wider blocks would keep one CTA per SM.
+STREAMK_DEEP_K_MAX_BLOCK_X = 64
+# Below SMALL_M, stream-K only where the split-K kernel's CTAs load the SMs very unevenly: there the
+# 128-deep stream-K won every cell measured (H200, 2026-11-30h; in-sample): 11008x4096 (172 CTAs,
+# 1.53x the mean) M = 32, 48, 56, 18.4 / 21.2 / 23.9 us against 19.4 / 23.0 / 27.7; the tuner took it
+# at M = 17-64 on 34816x5120 (1.46) and 5120x17408 (1.65). At 6144x4096 (192 CTAs, 1.38) the split-K
+# kernel won M = 16, 32 and 56 by 4-10 % and lost M = 48 by 2 %.
+SMALL_M_STREAMK_MIN_IMBALANCE = 1.45
 
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
     """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
-    stream-K where its CTAs would load the SMs unevenly, see hopper.WGMMA_STREAMK_MIN_IMBALANCE), else the
-    stream-K heuristic (which falls back to the example's). Other archs never get wgmma."""
+    stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
+    below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE), else the stream-K heuristic (which falls back
+    to the example's). Other archs never get wgmma."""
     if arch == "sm_90":
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
         if config is None:
@@ -493,12 +506,16 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         ctas = hopper.wgmma_ctas(config, m, n)
         iterations = ctas // config.split_k * (k // config.block_k)  # output tiles x k tiles
         per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
-        if (
-            m >= hopper.SMALL_M
-            and example.sm_imbalance(ctas, sm_count) >= hopper.WGMMA_STREAMK_MIN_IMBALANCE
-            and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count
-        ):
-            return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)
+        if m >= hopper.SMALL_M:
+            min_imbalance = hopper.WGMMA_STREAMK_MIN_IMBALANCE
+        elif m >= hopper.HEURISTIC_MIN_M:
+            min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
+        else:
+            return config  # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X)
+        if example.sm_imbalance(ctas, sm_count) >= min_imbalance and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
+            deep = config.warpgroups == 1 and config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X and k % hopper.DEEP_K == 0
+            block_k = hopper.DEEP_K if deep else config.block_k
+            return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)
         return config
     return get_streamk_config(m, n, k, sm_count=sm_count)
 

@@ -65,8 +65,11 @@ WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipe
 # = 240 CTAs for 264 slots; split 2 gives 160); a split must divide the k tiles (``fits``).
 WGMMA_SPLITS = (2, 3, 4, 6, 8)
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
-# Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
-# 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly.
+# Stream-K over the wgmma kernel, two CTAs per SM, per x block offered, with 64- and 128-deep k tiles:
+# it evens out the waves that 40-tile shapes (N = 5120) leave a third to half empty, where no split
+# divides K evenly. The 128-deep one (four stages) won 8-15 % over the 64-deep one at M = 16-48 on
+# 34816x5120 and 5120x17408 (H200, 2026-11-30h, scratch twins: 34816x5120 M = 32, 44.3 us against
+# 52.4); three or four CTAs per SM lost to it there (47.3 and 49.3 us with 64-deep tiles).
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
 # once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
@@ -106,7 +109,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for bx in blocks:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    out += [WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks]
+    out += [WGMMA_STREAMK._replace(block_x=bx, block_k=bk, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks for bk in (hopper.SWIZZLE_K, hopper.DEEP_K)]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
         for most in (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X):  # x blocks of one wgmma N, and wider
             bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x

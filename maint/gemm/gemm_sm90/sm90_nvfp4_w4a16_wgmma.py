@@ -322,8 +322,8 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # the 146 cells at M >= 17 of the H200 timings of 2026-11-30 (seven shapes; in-sample) this took 43
 # cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
 # cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
-# 320 CTAs). Below M = 64 and under 1.2 it lost more than it won. The two-warpgroup rule below uses
-# it too. (The M <= 16 split rules use the example's ``loads_sms_unevenly``, also at 1.2.)
+# 320 CTAs). Under 1.2 it lost more than it won; below M = 64 the dispatch asks more (the stream-K
+# module's SMALL_M_STREAMK_MIN_IMBALANCE). The two-warpgroup rule below uses it too. (The M <= 16 split rules use the example's ``loads_sms_unevenly``, also at 1.2.)
 WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 

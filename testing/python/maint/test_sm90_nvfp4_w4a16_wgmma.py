@@ -348,10 +348,10 @@ def test_heuristic_deep_k_against_the_committed_h200_timings():
     deep = 0
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30f_m24-64.json").items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        if getattr(chosen, "block_k", None) == wg.DEEP_K:
+        if isinstance(chosen, wg.WgmmaConfig) and chosen.block_k == wg.DEEP_K:  # stream-K's: the next test
             deep += 1
             assert times[chosen] < times[chosen._replace(block_k=wg.SWIZZLE_K, stages=wg.DEEP_STAGES)], (n, k, m)
-    assert deep == 8  # four shapes at M = 24 and 32; 34816x5120 has 272 tiles, over two CTAs per SM
+    assert deep == 6  # three shapes at M = 24 and 32; 34816x5120 and 5120x17408 are stream-K there
 
 
 def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch):
@@ -392,6 +392,35 @@ def test_heuristic_evened_split_against_the_committed_h200_timings():
             decided.append(m)
             assert times[chosen] < times[chosen._replace(split_k=chosen.split_k // 3 * 4)], (n, k, m, chosen)
     assert sorted(decided) == [8, 16, 24, 32, 48]  # 5120x6144; M <= 4 takes the fragment kernel, M = 64 stream-K
+
+
+def test_heuristic_streamk_against_the_committed_h200_timings():
+    """Two H200 timing files committed under results/ back the stream-K rules of ``heuristic_config``:
+    - the 2026-11-30h twins time 64- and 128-deep stream-K (4 stages, two CTAs per SM) beside the
+      dispatch's config: 128-deep was faster in every cell that holds both;
+    - below M = 64, where the split-K config was timed (the twins on shapes without table entries,
+      and the 2026-11-30f tuner timings at M = 24-48, which hold 64-deep stream-K), the heuristic's
+      choice between split-K and stream-K was never more than 3 % slower than the other."""
+    twins = committed_timings("h200_timings_2026-11-30h_streamk_twins.json")
+    pairs = 0
+    for (n, k, m), times in twins.items():
+        for c in times:
+            if isinstance(c, sk.WgmmaStreamKConfig) and c.block_k == 64 and c.ctas_per_sm == 2 and c._replace(block_k=128) in times:
+                pairs += 1
+                assert times[c._replace(block_k=128)] < times[c], (n, k, m, c)
+    assert pairs == 42
+    taken = []
+    for cells, block_k in ((twins, 128), (committed_timings("h200_timings_2026-11-30f_m24-64.json"), 64)):
+        for (n, k, m), times in cells.items():
+            split_k = wg.get_wgmma_config(m, n, k)
+            streamk = sk.WgmmaStreamKConfig(split_k.block_x, block_k, 4, 2) if split_k else None
+            if not (wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and split_k in times and streamk in times):
+                continue
+            takes_streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+            taken += [(n, m)] if takes_streamk else []
+            chosen, other = (streamk, split_k) if takes_streamk else (split_k, streamk)
+            assert times[chosen] <= 1.03 * times[other], (n, k, m, chosen, other)
+    assert sorted(taken) == [(5120, 24), (5120, 32), (5120, 48), (11008, 32), (11008, 48), (11008, 56), (34816, 24), (34816, 32), (34816, 48)]
 
 
 def test_heuristic_leaves_short_k_to_the_other_kernels():
@@ -553,11 +582,17 @@ def test_streamk_bad_configs(config):
 def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly():
     """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
     at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
-    (16384x5120 M = 512: 512 CTAs), not below M = 64, not where a CTA would get under 8 k tiles."""
+    (16384x5120 M = 512: 512 CTAs), not where a CTA would get under 8 k tiles. At M = 17-63 only from
+    1.45x the mean (5120x17408 M = 32: 160 CTAs, 1.65x; not 6144x4096's 192 CTAs, 1.38x), and never
+    at M <= 16. Up to 64 x rows its k tiles are 128 deep."""
     assert nv.sm_imbalance(80, 132) == pytest.approx(132 / 80) and nv.sm_imbalance(264, 132) == 1.0
     assert sk.heuristic_config(512, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 64, 4, 2, True)
     assert isinstance(sk.heuristic_config(512, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
-    assert isinstance(sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    assert sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
+    assert sk.heuristic_config(64, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(64, 128, 4, 2)
+    assert isinstance(sk.heuristic_config(32, 6144, 4096, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    for n, k in [(5120, 17408), (11008, 4096), (34816, 5120)]:  # 1.46-1.65x at M = 17-63
+        assert all(not isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig) for m in range(1, 17))
     assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
     for n, k in [(5120, 6144), (4096, 4096), (640, 2304), (34816, 5120)]:
         for m in range(17, nv.MAX_M_PER_LAUNCH + 1, 37):
