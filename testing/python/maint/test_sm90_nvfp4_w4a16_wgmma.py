@@ -476,6 +476,7 @@ STREAMK_CASES = [
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, warpgroups=2)),
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, warpgroups=2)),  # two wgmmas per k16 step
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
+    (32, 11008, 4096, sk.WgmmaStreamKConfig(32, 128, 4, 2)),  # the heuristic's: 86 tiles x 32 k tiles over 264 CTAs
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
@@ -558,8 +559,12 @@ def test_deepest_stages_keep_two_ctas_per_sm():
 def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
     """Each stream-K segment has a k-tile count known only at run time (its odd first tile is a
     run-time branch); ptxas must still keep the wgmmas asynchronous."""
-    for tma_loads in (False, True):
-        report = ptxas_report(sk.compile_wgmma_streamk(5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, tma_loads)).get_kernel_source())
+    for n, k, config in (
+        (5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),
+        (5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True)),
+        (11008, 4096, sk.WgmmaStreamKConfig(32, 128, 4, 2)),  # the heuristic's 128-deep stream-K at M = 17-32
+    ):
+        report = ptxas_report(sk.compile_wgmma_streamk(n, k, config).get_kernel_source())
         assert "Used" in report and "C7513" not in report and "serialized" not in report, report
 
 
