@@ -65,11 +65,14 @@ WGMMA_STAGES = (4, 6)  # above WGMMA_SMALL_M; and, per x block, the deepest pipe
 # = 240 CTAs for 264 slots; split 2 gives 160); a split must divide the k tiles (``fits``).
 WGMMA_SPLITS = (2, 3, 4, 6, 8)
 WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per SM, or fewer x blocks
-# Stream-K over the wgmma kernel, two CTAs per SM, per x block offered, with 64- and 128-deep k tiles:
-# it evens out the waves that 40-tile shapes (N = 5120) leave a third to half empty, where no split
-# divides K evenly. The 128-deep one (four stages) won 8-15 % over the 64-deep one at M = 16-48 on
-# 34816x5120 and 5120x17408 (H200, 2026-11-30h, scratch twins: 34816x5120 M = 32, 44.3 us against
-# 52.4); three or four CTAs per SM lost to it there (47.3 and 49.3 us with 64-deep tiles).
+# Stream-K over the wgmma kernel, two CTAs per SM, per x block offered: it evens out the waves that
+# 40-tile shapes (N = 5120) leave a third to half empty, where no split divides K evenly. With 64-deep
+# k tiles, and with 128-deep ones where 4 stages fit (WGMMA_DEEP_K_MIN_STAGES, up to 64 rows): those
+# won 8-15 % over 64-deep at M = 16-48 on 34816x5120 and 5120x17408 (H200, 2026-11-30h, scratch twins:
+# 34816x5120 M = 32, 44.3 us against 52.4); three or four CTAs per SM of 64-deep tiles lost to them
+# there (47.3 and 49.3 us). The 128-deep ones come with 4 stages and with the deepest pipeline that
+# keeps two CTAs per SM (6 stages at 32 rows, 8 at 16; not yet measured): twice the bytes in flight
+# that ncu found short at M = 16-32 (NOTES, 2026-11-30h).
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
 # once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
@@ -84,6 +87,7 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
 # stages that fit from 192 rows they took 1.4-3.3x as long (16384x5120 M = 1024: 358.9 us against
 # 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
+# One warpgroup's 128-deep stream-K candidates (above) follow the same floor.
 WGMMA_DEEP_K_MIN_STAGES = 4
 
 
@@ -109,7 +113,12 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for bx in blocks:
             out += [W(bx, st) for st in (*WGMMA_STAGES, hopper.deepest_stages(bx))]
             out += [W(bx, WGMMA_STAGES[0], split) for split in WGMMA_SPLITS]
-    out += [WGMMA_STREAMK._replace(block_x=bx, block_k=bk, tma_loads=hopper.tma_loads_for(bx)) for bx in blocks for bk in (hopper.SWIZZLE_K, hopper.DEEP_K)]
+    for bx in blocks:
+        streamk = WGMMA_STREAMK._replace(block_x=bx, tma_loads=hopper.tma_loads_for(bx))
+        out.append(streamk)
+        deepest = hopper.deepest_stages(bx, streamk.ctas_per_sm, hopper.DEEP_K)
+        if deepest >= WGMMA_DEEP_K_MIN_STAGES:
+            out += [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
         for most in (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X):  # x blocks of one wgmma N, and wider
             bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x
