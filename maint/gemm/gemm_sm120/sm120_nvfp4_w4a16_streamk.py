@@ -313,7 +313,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         grid: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as g:
-            x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, _, a_regs, b_regs, acc, desc = pipe.setup()
             ticket = T.alloc_shared((1,), T.int32)
             # A segment's tile coordinates and k range, computed once into registers: as expressions
             # they were re-evaluated, with run-time divisions, in every unrolled accumulator's store.

@@ -46,6 +46,11 @@ ONE_WARPGROUP_MAX_BLOCK_X = 128
 WGMMA_MAX_N = 256
 MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
+# With a producer warpgroup (``WgmmaConfig.producer``) a CTA of three warpgroups holds one SM's 64K
+# registers: the two consumers take CONSUMER_REGISTERS each (setmaxnreg) and the producer, which only
+# waits and issues TMA, gives its registers back: 256 x 232 + 128 x 40 = 64,512.
+CONSUMER_REGISTERS = 232
+PRODUCER_REGISTERS = 40
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
 # registers (see ``operand_sizes``). Past this ptxas serializes every wgmma (warning C7512): correct,
 # but nothing overlaps. One warpgroup with 128-deep k tiles did at 104 x rows (104 + 128), not at 96.
@@ -96,7 +101,9 @@ class WgmmaConfig(NamedTuple):
     ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
     ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
-    rows, where the x block goes in 16-row steps)."""
+    rows, where the x block goes in 16-row steps), ``producer``: a third warpgroup issues the TMA
+    loads and the two consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
+    per k tile (see ``wgmma_pipeline``; needs ``tma_loads``, two warpgroups and no split)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -104,6 +111,7 @@ class WgmmaConfig(NamedTuple):
     split_k: int = 1
     tma_loads: bool = False
     warpgroups: int = 1
+    producer: bool = False
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
@@ -401,6 +409,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
+    if config.producer and not (config.tma_loads and config.warpgroups == 2 and config.split_k == 1):
+        raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True, warpgroups=2 and split_k=1")
     a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
@@ -415,18 +425,23 @@ class WgmmaPipeline(NamedTuple):
 
     acc_size: int
     threads: int
+    consumer_threads: int
     x_row: object
     w_row: object
     setup: object
     segment: object
+    produce: object
+    consume: object
 
 
-def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K) -> WgmmaPipeline:
+def wgmma_pipeline(
+    block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K, producer: bool = False
+) -> WgmmaPipeline:
     """The pipeline, as TileLang macros.
 
-    ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; None
-    otherwise) and the registers and points the wgmma descriptor at the x stages:
-    ``x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = setup()``.
+    ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; with a
+    producer, ``empty`` ones too; None otherwise) and the registers and points the wgmma descriptor at
+    the x stages: ``x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = setup()``.
     ``segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc,
     count, kt0, base, bm, bn, m, tx)`` zeroes ``acc`` and accumulates k tiles ``kt0 .. kt0 + count``
     of weight tile ``bn`` against x block ``bm`` (rows at or past ``m`` read as zeros), leaving nothing
@@ -447,6 +462,14 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
       and issued after the wgmma. TMA writes are async-proxy and the dequant only reads, so no fence.
       About 10 % fewer instructions per k tile; it wins with 128-row x blocks and loses with small
       ones (see ``TMA_BLOCK_X``).
+
+    With a ``producer`` warpgroup (threads ``consumer_threads`` and up) the CTA-wide barrier per k
+    tile goes: ``produce(...)`` (the producer's part, same arguments as ``segment`` less the
+    registers) waits for a stage's ``empty`` barrier and loads the next k tile into it by TMA;
+    ``consume(...)`` (the consumers': ``segment``'s arguments plus ``empty``) runs the k tiles as
+    above, and k tile ``t``, once its wait has retired tile ``t - 1``'s wgmma, releases that tile's
+    stage to the producer. The two consumer warpgroups then meet only at the stages, so one's
+    dequant can overlap the other's wgmma.
     """
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
@@ -455,7 +478,8 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
     panels = bk // SWIZZLE_K  # an x stage is this many (bx, 64) tiles, each of 128-byte rows
     rows, wgs = CTA_ROWS, warpgroups
     n_chunks = [(j, min(WGMMA_MAX_N, bx - j)) for j in range(0, bx, WGMMA_MAX_N)]  # (first x row, wgmma N)
-    threads = WARPGROUP_THREADS * wgs
+    consumer_threads = WARPGROUP_THREADS * wgs
+    threads = consumer_threads + WARPGROUP_THREADS * producer
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     a_size, acc_size = operand_sizes(bx, bk, wgs)
@@ -470,7 +494,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
     def w_row(q, bn, lane, warp):
         return bn * rows + warp * 16 * atoms + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
-    load_x = x_tile_loader(bx, SWIZZLE_K, threads)
+    load_x = x_tile_loader(bx, SWIZZLE_K, consumer_threads)  # cp.async: no producer (TMA only)
     dequant_source = example.DEQUANT_SOURCE
     if wgs == 2:
         dequant_source += example.dequant_function("nvfp4_dequant_half_block", 2)
@@ -480,6 +504,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
         scales) of one k tile into a stage, 16 bytes per cp.async."""
         per_block = words_per_block // WORDS_PER_CHUNK
         chunks = blocks * kbs * per_block
+        threads = consumer_threads
 
         @T.macro
         def copy(src, dst, stage, nb, kt, tx):
@@ -495,6 +520,9 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
         return copy
 
     copy_codes, copy_scales = block_copier(example.WORDS_PER_BLOCK), block_copier(example.SCALE_WORDS_PER_BLOCK)
+    # TileLang elects the thread that issues a TMA copy from the whole CTA by default (warp 0): with a
+    # producer it must be one of the producer warpgroup's (warp 8, the first of its 128-thread scope).
+    tma_leader = {"leader_scope_threads": WARPGROUP_THREADS} if producer else {}
 
     @T.macro
     def load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt, stage, bm, bn, m, tx):
@@ -505,10 +533,14 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
             for p in T.unroll(panels):
                 kp = (kt * panels + p) * SWIZZLE_K
                 for j, cols in n_chunks:  # a TMA box holds at most 256 rows
-                    T.tma_copy(x[bm * bx + j : bm * bx + j + cols, kp : kp + SWIZZLE_K], x_tiles[stage * panels + p, j : j + cols, :], barrier=full[stage])
-            T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage])
-            T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage])
-            if tx == 0:
+                    T.tma_copy(x[bm * bx + j : bm * bx + j + cols, kp : kp + SWIZZLE_K], x_tiles[stage * panels + p, j : j + cols, :], barrier=full[stage], **tma_leader)
+            T.tma_copy(codes[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], code_tiles[stage, :, :, :], barrier=full[stage], **tma_leader)
+            T.tma_copy(scales[nb : nb + blocks, kt * kbs : kt * kbs + kbs, :], scale_tiles[stage, :, :, :], barrier=full[stage], **tma_leader)
+            if producer:
+                # Every producer thread arrives (``full`` counts WARPGROUP_THREADS): the elected one's
+                # expect_tx precedes its own arrival, so the phase cannot complete before it.
+                T.mbarrier_arrive(full[stage])
+            elif tx == 0:
                 T.mbarrier_arrive(full[stage])
         else:
             for p in T.unroll(panels):
@@ -526,7 +558,7 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
             T.ptx_commit_group()  # an empty group keeps the wait counts uniform
 
     @T.macro
-    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, t, half, count, kt0, base, bm, bn, m, tx):
+    def k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, t, half, count, kt0, base, bm, bn, m, tx):
         """k tile ``t`` of ``count`` (see above), its A registers in ``half``."""
         lane = tx % 32
         warp = tx // 32
@@ -536,7 +568,8 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
         else:
             T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
             T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
-        T.sync_threads()  # everyone's loads landed; everyone finished tile t - 2's dequant and wgmma
+        if not producer:
+            T.sync_threads()  # everyone's loads landed; everyone finished tile t - 2's dequant and wgmma
         if not tma_loads:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         block, part = warp_words(warp, wgs)
@@ -570,28 +603,49 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
                     1, 1, 1,
                 )  # fmt: skip
         T.warpgroup_commit_batch()
-        if tma_loads:
+        if tma_loads and not producer:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
         T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
+        if producer:
+            if t > 0:
+                T.mbarrier_arrive(empty[(base + t - 1) % stages])  # ... so the producer may refill it
 
     @T.macro
     def setup():
         x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
-        full = None
+        full = empty = None
         if tma_loads:
-            full = T.alloc_barrier([1] * stages)  # one arrival (the issuing thread) plus the TMA bytes
+            # One arrival (the issuing thread; with a producer, its whole warpgroup) plus the TMA bytes.
+            full = T.alloc_barrier([WARPGROUP_THREADS if producer else 1] * stages)
             T.annotate_layout({x_tiles: make_full_bank_swizzled_layout(x_tiles)})  # TMA's 128-byte swizzle
+        if producer:
+            empty = T.alloc_barrier([consumer_threads] * stages)  # every consumer thread releases
         a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
         T.import_source(dequant_source)
         T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
-        return x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc
+        return x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc
+
+    @T.macro
+    def accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
+        """The k tiles into ``acc``, whose loads were issued (or will be, by the producer)."""
+        # Unrolled by two so that each half of the A registers has a fixed name. An odd first
+        # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
+        # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
+        if count % 2 == 1:
+            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, m, tx)
+            T.warpgroup_wait(0)
+        for t2 in T.serial(count // 2):
+            for half in T.unroll(2):
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, m, tx)
+        T.warpgroup_wait(0)
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
 
     @T.macro
     def segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
@@ -602,21 +656,26 @@ def wgmma_pipeline(block_x: int, stages: int, tma_loads: bool, warpgroups: int, 
                 load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + s, (base + s) % stages, bm, bn, m, tx)
             elif not tma_loads:
                 T.ptx_commit_group()
-        # Unrolled by two so that each half of the A registers has a fixed name. An odd first
-        # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
-        # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
-        if count % 2 == 1:
-            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, m, tx)
-            T.warpgroup_wait(0)
-        for t2 in T.serial(count // 2):
-            for half in T.unroll(2):
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, m, tx)
-        T.warpgroup_wait(0)
-        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, None, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx)
         if not tma_loads:
             T.ptx_wait_group(0)
 
-    return WgmmaPipeline(acc_size, threads, x_row, w_row, setup, segment)
+    @T.macro
+    def produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, m, tx):
+        for t in T.serial(count):
+            # Fill number (base + t) // stages of this stage waits for the consumers' release of the
+            # fill before it; the first fill's wait (parity 1 on a fresh barrier) passes at once.
+            T.mbarrier_wait_parity(empty[(base + t) % stages], ((base + t) // stages + 1) % 2)
+            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
+
+    @T.macro
+    def consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
+        for i in T.unroll(acc_size):
+            acc[i] = 0.0
+        accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx)
+        T.mbarrier_arrive(empty[(base + count - 1) % stages])  # the last tile's stage: no k tile after it releases it
+
+    return WgmmaPipeline(acc_size, threads, consumer_threads, x_row, w_row, setup, segment, produce, consume)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -627,7 +686,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = CTA_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk)
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
     exchange = example.split_k_exchange(n, split_k, acc_size)
     store = example.scaled_store(acc_size)
@@ -645,21 +704,30 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = pipe.setup()
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, M, tx)
-            if split_k == 1:
-                store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
-            else:
-                ticket = T.alloc_shared((1,), T.int32)
-                exchange(
-                    acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp),
-                    partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True,
-                )  # fmt: skip
-                if ticket[0] == split_k - 1:
+            if config.producer:  # no split (check_wgmma_config): the consumers store, the producer is done
+                if tx >= pipe.consumer_threads:
+                    T.set_max_nreg(PRODUCER_REGISTERS, 0)
+                    pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, 0, 0, bm, bn, M, tx)
+                else:
+                    T.set_max_nreg(CONSUMER_REGISTERS, 1)
+                    pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, 0, 0, bm, bn, M, tx)
                     store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
+            else:
+                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, M, tx)
+                if split_k == 1:
+                    store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
+                else:
+                    ticket = T.alloc_shared((1,), T.int32)
+                    exchange(
+                        acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp),
+                        partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True,
+                    )  # fmt: skip
+                    if ticket[0] == split_k - 1:
+                        store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
 
     return nvfp4_w4a16_wgmma
 

@@ -175,6 +175,10 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(split_k=True),
         wg.WgmmaConfig(block_x=104, block_k=128, stages=3),  # 104 accumulators + 128 A registers: ptxas serializes
         wg.WgmmaConfig(block_x=128, block_k=128, stages=3),
+        wg.WgmmaConfig(256, tma_loads=False, warpgroups=2, producer=True),  # a producer issues TMA only
+        wg.WgmmaConfig(128, tma_loads=True, producer=True),  # ... for two consumer warpgroups
+        wg.WgmmaConfig(256, split_k=2, tma_loads=True, warpgroups=2, producer=True),  # ... with no split
+        wg.WgmmaConfig(256, tma_loads=True, warpgroups=2, producer=1),
     ],
 )
 def test_bad_configs(config):
@@ -466,6 +470,16 @@ REFERENCE_CASES = [
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
+# A producer warpgroup (TMA, two consumer warpgroups, no split): stage reuse over many fills, a single
+# fill per stage, two wgmmas per k16 step, 128-deep tiles, a partial second x block.
+PRODUCER_CASES = [
+    (144, 5120, 6144, wg.WgmmaConfig(144, 64, 4, 1, True, 2, True)),  # 96 k tiles through 4 stages
+    (150, 640, 512, wg.WgmmaConfig(160, 64, 8, 1, True, 2, True)),  # 8 k tiles: one fill per stage
+    (300, 5120, 6144, wg.WgmmaConfig(304, 64, 5, 1, True, 2, True)),
+    (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, 1, True, 2, True)),
+    (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, 1, True, 2, True)),
+]
+REFERENCE_CASES += PRODUCER_CASES
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
     (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 80 tiles x 96 k tiles over 264 CTAs: every tile cut
@@ -554,6 +568,18 @@ def test_deepest_stages_keep_two_ctas_per_sm():
 # ----------------------------------------------------------------------------------------------
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig)
 # ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4]])
+def test_producer_gives_its_registers_to_the_consumers(n, k, config):
+    """With a producer warpgroup the CTA's 384 threads get 168 registers each at launch; setmaxnreg
+    moves the producer's to the consumers, and ptxas compiles their path within that, unserialized."""
+    source = wg.compile_wgmma(n, k, config).get_kernel_source()
+    report = ptxas_report(source)
+    assert f"warpgroup_reg_alloc<{wg.CONSUMER_REGISTERS}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
+    assert "__launch_bounds__(384, 1)" in source and "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]
+    assert " 0 bytes spill stores" in report and "C7513" not in report and "serialized" not in report, report
+    assert 2 * wg.WARPGROUP_THREADS * wg.CONSUMER_REGISTERS + wg.WARPGROUP_THREADS * wg.PRODUCER_REGISTERS <= 64 * 1024
 
 
 def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
