@@ -89,10 +89,6 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
 # One warpgroup's 128-deep stream-K candidates (above) follow the same floor.
 WGMMA_DEEP_K_MIN_STAGES = 4
-# Each unsplit two-warpgroup candidate also comes with a producer warpgroup (WgmmaConfig.producer):
-# TMA from a third warpgroup, stages released by mbarriers, no CTA-wide barrier per k tile. Not yet
-# measured (branch wgmma-producer, 2026-11-30h): the two-warpgroup configs reach 595-640 TFLOP/s
-# where one warpgroup's 128-row blocks, two CTAs per SM, reach about 700.
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -133,7 +129,6 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
                     continue
                 out.append(W(bx, stages, 1, 2, bk=bk))
-                out.append(W(bx, stages, 1, 2, bk=bk)._replace(producer=True))  # see WGMMA_PRODUCER
                 out.append(WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2))
     return out
 

@@ -103,7 +103,9 @@ class WgmmaConfig(NamedTuple):
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps), ``producer``: a third warpgroup issues the TMA
     loads and the two consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
-    per k tile (see ``wgmma_pipeline``; needs ``tma_loads``, two warpgroups and no split)."""
+    per k tile (see ``wgmma_pipeline``; needs ``tma_loads``, two warpgroups and no split). The
+    producer variant compiles and passes the CPU checks but has not yet run on a GPU (2026-11-30):
+    neither the heuristic nor the tuner offers it."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -504,7 +506,7 @@ def wgmma_pipeline(
         scales) of one k tile into a stage, 16 bytes per cp.async."""
         per_block = words_per_block // WORDS_PER_CHUNK
         chunks = blocks * kbs * per_block
-        threads = consumer_threads
+        threads = consumer_threads  # cp.async: never with a producer, so every thread loads
 
         @T.macro
         def copy(src, dst, stage, nb, kt, tx):

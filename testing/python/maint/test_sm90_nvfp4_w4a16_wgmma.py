@@ -479,7 +479,6 @@ PRODUCER_CASES = [
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, 1, True, 2, True)),
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, 1, True, 2, True)),
 ]
-REFERENCE_CASES += PRODUCER_CASES
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
     (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),  # 80 tiles x 96 k tiles over 264 CTAs: every tile cut
@@ -498,7 +497,7 @@ STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAM
 
 # Every (N, K, config) the GPU tests below compile.
 GPU_CASE_CONFIGS = (
-    {(n, k, c) for _, n, k, c in REFERENCE_CASES + STREAMK_CASES}
+    {(n, k, c) for _, n, k, c in REFERENCE_CASES + STREAMK_CASES + PRODUCER_CASES}
     | {(1024, 2048, c) for c in SPECIAL_SCALE_CONFIGS}
     | {(5120, 6144, c) for c in GRAPH_CONFIGS}
 )
@@ -523,6 +522,18 @@ def precompiled_wgmma_kernels():
 def test_matches_reference(m, n, k, config):
     result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
     assert result["ok"], result
+
+
+@needs_sm90
+@pytest.mark.parametrize("m, n, k, config", PRODUCER_CASES)
+def test_producer_matches_reference(m, n, k, config):
+    """Apart from the other cases: the producer variant had not run on a GPU when it was written
+    (2026-11-30h); ``-k producer`` runs it alone."""
+    result = nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear)
+    assert result["ok"], result
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
 
 
 @needs_sm90
