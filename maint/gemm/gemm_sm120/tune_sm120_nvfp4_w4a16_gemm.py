@@ -7,6 +7,11 @@ winner to ``tuned/<key>.json`` (key: compute capability and SM count). ``--updat
 of shapes not tuned in this run, so a long tuning can be done one shape per invocation.
 
     python maint/gemm/gemm_sm120/tune_sm120_nvfp4_w4a16_gemm.py --shapes 16384x5120 --update
+
+``--twins FIELD=VALUE[,...]`` measures instead of tuning: the config the dispatch picks at each shape
+and M beside copies of it with those fields changed, each checked against the reference:
+
+    python maint/gemm/gemm_sm120/tune_sm120_nvfp4_w4a16_gemm.py --ms 144,272 --twins producer=true --timings t.json
 """
 
 import argparse
@@ -158,21 +163,30 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
+def rotated_weights(n: int, k: int) -> tuple:
+    """``(checkpoint tensors, prepared weights)``: enough copies that the rotation outgrows L2."""
+    raw = [nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(bench.copies_for(bench.weight_bytes(n, k)))]
+    return raw, [nv.prepare_nvfp4_weight(*r) for r in raw]
+
+
+def time_configs(x: torch.Tensor, weights: list, configs: list) -> list:
+    """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights."""
+    separator_buffer = torch.zeros(1, device="cuda")
+    timed = []
+    for config in configs:
+        calls = [lambda w=w, c=config: maint.nvfp4_w4a16_linear(x, w, c) for w in weights]
+        timed.append((nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0)).per_call_us(), config))
+    return sorted(timed, key=lambda t: t[0])
+
+
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
     """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
     Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given."""
-    copies = bench.copies_for(bench.weight_bytes(n, k))
-    raw = [nv.random_nvfp4_weight(n, k, "cuda", torch.Generator().manual_seed(i)) for i in range(copies)]
-    weights = [nv.prepare_nvfp4_weight(*r) for r in raw]
-    separator_buffer = torch.zeros(1, device="cuda")
+    raw, weights = rotated_weights(n, k)
     winners = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        timed = []
-        for config in candidates(m, n, k, arch):
-            calls = [lambda w=w, c=config: maint.nvfp4_w4a16_linear(x, w, c) for w in weights]
-            timed.append((nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0)).per_call_us(), config))
-        timed.sort(key=lambda t: t[0])
+        timed = time_configs(x, weights, candidates(m, n, k, arch))
         if timings is not None:
             timings += [{"n": n, "k": k, "m": m, "us": us, **maint.config_to_json(config)} for us, config in timed]
         ref = nv.reference_nvfp4_linear(x, *raw[0])
@@ -184,6 +198,52 @@ def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, ti
             raise RuntimeError(f"no candidate passed the reference check at {n}x{k} M={m}")
         progress.step(f"{n}x{k} M={m}: {type(winners[-1][1]).__name__} {winners[-1][2]:.1f} us")
     return winners
+
+
+# --twins: the dispatch's config beside variants of it, each with some fields changed. Each session's
+# one-off experiments (128-deep k tiles, more CTAs per SM, a producer warpgroup) were such twins.
+def parse_twin(text: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE...]`` (VALUE an integer, true or false) as ``{field: value}``."""
+    twin = {}
+    for part in text.split(","):
+        field, sep, value = part.partition("=")
+        if not sep or not field.isidentifier():
+            raise argparse.ArgumentTypeError(f"--twins: expected FIELD=VALUE, got {part!r}")
+        if value.lower() in ("true", "false"):
+            twin[field] = value.lower() == "true"
+        else:
+            try:
+                twin[field] = int(value)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"--twins: {part!r}: VALUE must be an integer, true or false") from None
+    return twin
+
+
+def twin_configs(base, twins: list, n: int, k: int, arch: str) -> list:
+    """``base`` and its twins, base first; a twin whose fields ``base`` lacks, or that does not fit,
+    is left out."""
+    out = [base] + [base._replace(**twin) for twin in twins if set(twin) <= set(base._fields)]
+    return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
+
+
+def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, progress: bench.Progress, timings: list) -> None:
+    """For each M: the dispatch's config (the table's, else the heuristics') and its twins, timed side
+    by side and each checked against the FP32 reference; one line each on stdout, rows with ``ok`` in
+    ``timings``."""
+    arch = nv.device_arch(device)
+    raw, weights = rotated_weights(n, k)
+    for m in ms:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        configs = twin_configs(maint.config_for(m, n, k, device), twins, n, k, arch)
+        times = {c: us for us, c in time_configs(x, weights, configs)}
+        ref = nv.reference_nvfp4_linear(x, *raw[0])
+        cells = []
+        for c in configs:
+            ok = nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weights[0], c), ref)["ok"]
+            timings.append({"n": n, "k": k, "m": m, "us": times[c], "ok": ok, **maint.config_to_json(c)})
+            cells.append(f"{times[c]:.1f}{'' if ok else ' (WRONG)'} {c}")
+        print(f"{n}x{k} M={m}: " + " | ".join(cells), flush=True)
+        progress.step(f"{n}x{k} M={m}")
 
 
 def join_equal_neighbours(entries: list) -> list:
@@ -234,13 +294,30 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="table file (default: tuned/<this GPU's key>.json beside this script)")
     parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges outside --ms")
     parser.add_argument("--timings", help="also write every candidate's time to this JSON file (for heuristics)")
+    parser.add_argument(
+        "--twins", type=parse_twin, action="append", metavar="FIELD=VALUE[,...]",
+        help="instead of tuning: time the dispatch's config at each shape and M beside its twin with these fields changed "
+        "(e.g. block_k=128 or producer=true; repeat for more twins), check each against the reference, write no table",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.twins and (args.out or args.update):
+        parser.error("--twins writes no table: --out and --update do not apply")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: a table is measured on the GPU it is for")
     device = torch.device("cuda")
     key, arch = maint.gpu_key(device), nv.device_arch(device)
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
+    if args.twins:
+        twins = {(n, k, c) for n, k in args.shapes for m in ms for c in twin_configs(maint.config_for(m, n, k, device), args.twins, n, k, arch)}
+        nv.precompile(twins, arch, maint.compile_any)
+        timings = []
+        progress = bench.Progress(len(args.shapes) * len(ms))
+        for n, k in args.shapes:
+            time_twins(n, k, ms, args.twins, device, progress, timings)
+        if args.timings:
+            pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
+        return 0
     nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None

@@ -147,6 +147,26 @@ def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
     assert tune.update_entries([other], tail, [144, 1024]) == [other, entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # a new shape
 
 
+def test_tuner_twins_parse_and_keep_only_twins_that_apply():
+    """``--twins FIELD=VALUE[,...]``: integers and booleans; a twin is the dispatch's config with those
+    fields changed, left out where the config has no such field or the twin does not fit."""
+    import argparse
+
+    assert tune.parse_twin("block_k=128,stages=4") == {"block_k": 128, "stages": 4}
+    assert tune.parse_twin("producer=True") == {"producer": True} and tune.parse_twin("tma_loads=false") == {"tma_loads": False}
+    for bad in ("block_k", "block_k=deep", "=3", "block_k=128,"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            tune.parse_twin(bad)
+    wide = sk.hopper.WgmmaConfig(256, 64, 4, 1, True, 2)
+    producer, deep = tune.parse_twin("producer=true"), tune.parse_twin("block_k=128,stages=3")
+    assert tune.twin_configs(wide, [producer, deep], 16384, 5120, "sm_90") == [wide, wide._replace(producer=True), wide._replace(block_k=128, stages=3)]
+    streamk = sk.WgmmaStreamKConfig(32, 64, 4, 2)
+    assert tune.twin_configs(streamk, [producer, tune.parse_twin("block_k=128")], 34816, 5120, "sm_90") == [streamk, streamk._replace(block_k=128)]
+    assert tune.twin_configs(streamk, [tune.parse_twin("ctas_per_sm=8")], 34816, 5120, "sm_90") == [streamk]  # does not fit
+    with pytest.raises(SystemExit):
+        tune.main(["--twins", "producer=true", "--update"])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_tuner_writes_its_table_and_every_candidate_time(tmp_path):
@@ -164,3 +184,19 @@ def test_tuner_writes_its_table_and_every_candidate_time(tmp_path):
         assert len(timed) == len(tune.candidates(m, 256, 1024, arch)) and all(r["us"] > 0 for r in timed)
         (entry,) = [e for e in entries if e["m_min"] <= m <= e["m_max"]]
         assert {"kind": entry["kind"], "config": entry["config"]} in [{"kind": r["kind"], "config": r["config"]} for r in timed]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_tuner_twins_time_and_check_each_config(tmp_path, capsys):
+    """``--twins``: per M one line and one verified row per config, the dispatch's first; no table."""
+    import torch
+
+    device = torch.device("cuda")
+    timings = tmp_path / "timings.json"
+    assert tune.main(["--shapes", "256x1024", "--ms", "64", "--twins", "stages=3", "--timings", str(timings)]) == 0
+    rows = json.loads(timings.read_text())["timings"]
+    base = sk.config_for(64, 256, 1024, device)
+    assert sk.config_from_json(rows[0]) == base and all(r["ok"] and r["us"] > 0 for r in rows)
+    assert len(rows) == len(tune.twin_configs(base, [{"stages": 3}], 256, 1024, nv.device_arch(device)))
+    assert "256x1024 M=64: " in capsys.readouterr().out
