@@ -17,7 +17,6 @@ and M beside copies of it with those fields changed, each checked against the re
 import argparse
 import datetime
 import json
-import math
 import pathlib
 import sys
 from typing import Optional
