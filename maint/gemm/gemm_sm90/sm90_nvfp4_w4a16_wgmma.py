@@ -436,6 +436,21 @@ class WgmmaPipeline(NamedTuple):
     consume: object
 
 
+# The stage barriers' phase arithmetic, shared by the kernel and the CPU model of the producer
+# protocol (test_producer_protocol_model): a CTA's k tiles are numbered i = 0, 1, ... over all its
+# segments; tile i goes through stage i % stages as that stage's fill number i // stages.
+def full_parity(i, stages: int):
+    """The parity of the ``full`` phase that completes when k tile ``i`` has landed."""
+    return i // stages % 2
+
+
+def empty_parity(i, stages: int):
+    """The parity a producer waits for on ``empty`` before loading k tile ``i``: the phase in which the
+    consumers released the stage's previous fill. A fresh barrier counts its 'previous' phase (parity
+    1) as complete, so the first fill of each stage does not wait."""
+    return (i // stages + 1) % 2
+
+
 def wgmma_pipeline(
     block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K, producer: bool = False
 ) -> WgmmaPipeline:
@@ -566,7 +581,7 @@ def wgmma_pipeline(
         warp = tx // 32
         stage = (base + t) % stages
         if tma_loads:
-            T.mbarrier_wait_parity(full[stage], (base + t) // stages % 2)  # tile t has landed
+            T.mbarrier_wait_parity(full[stage], full_parity(base + t, stages))  # tile t has landed
         else:
             T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
             T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
@@ -665,9 +680,7 @@ def wgmma_pipeline(
     @T.macro
     def produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, m, tx):
         for t in T.serial(count):
-            # Fill number (base + t) // stages of this stage waits for the consumers' release of the
-            # fill before it; the first fill's wait (parity 1 on a fresh barrier) passes at once.
-            T.mbarrier_wait_parity(empty[(base + t) % stages], ((base + t) // stages + 1) % 2)
+            T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
             load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
 
     @T.macro

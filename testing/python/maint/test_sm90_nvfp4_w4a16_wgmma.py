@@ -581,6 +581,114 @@ def test_deepest_stages_keep_two_ctas_per_sm():
 # ----------------------------------------------------------------------------------------------
 
 
+class ModelBarrier:
+    """An mbarrier as PTX defines it: a phase completes when its pending arrivals and its pending
+    transaction bytes are both zero; ``try_wait.parity(p)`` passes once the phase of parity p has
+    completed (on a fresh barrier, the 'previous' phase, parity 1, counts as completed)."""
+
+    def __init__(self, count: int):
+        self.count, self.pending, self.tx, self.phases = count, count, 0, 0
+
+    def arrive(self, n: int = 1):
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier counts"
+        self._complete()
+
+    def expect_tx(self, nbytes: int):
+        self.tx += nbytes
+
+    def complete_tx(self, nbytes: int):
+        self.tx -= nbytes
+        self._complete()
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phases, self.pending = self.phases + 1, self.count
+
+    def passed(self, parity) -> bool:
+        return self.phases % 2 != parity
+
+
+def run_producer_protocol(stages: int, count: int, seed: int) -> None:
+    """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving: the
+    producer's elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine
+    finishing copies in any order, and two consumer warpgroups. It checks that every k tile a
+    consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer still
+    reads, and that nothing deadlocks. The phase arithmetic is the kernel's (``wg.full_parity``,
+    ``wg.empty_parity``)."""
+    import random
+
+    rng = random.Random(seed)
+    full = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
+    empty = [ModelBarrier(2 * wg.WARPGROUP_THREADS) for _ in range(stages)]
+    data, readers, copies = [None] * stages, [set() for _ in range(stages)], []
+
+    def elected():
+        for i in range(count):
+            s = i % stages
+            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
+            assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
+            full[s].expect_tx(1)
+            copies.append((s, i))
+            full[s].arrive()
+
+    def others():
+        for i in range(count):
+            s = i % stages
+            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
+            full[s].arrive(wg.WARPGROUP_THREADS - 1)
+
+    def consumer(c):
+        for t in range(count):
+            s = t % stages
+            yield lambda: full[s].passed(wg.full_parity(t, stages))
+            assert data[s] == t, f"consumer {c} read tile {data[s]} for tile {t}"
+            readers[s].add(c)  # its dequant and wgmma read the stage ...
+            if t > 0:  # ... and tile t - 1's wgmma has retired (warpgroup_wait(1))
+                readers[(t - 1) % stages].discard(c)
+                empty[(t - 1) % stages].arrive(wg.WARPGROUP_THREADS)
+            yield lambda: True
+        readers[(count - 1) % stages].discard(c)
+        empty[(count - 1) % stages].arrive(wg.WARPGROUP_THREADS)
+
+    agents = [[elected(), None], [others(), None], [consumer(0), None], [consumer(1), None]]
+    for agent in agents:
+        agent[1] = next(agent[0], None)
+    while any(agent[1] is not None for agent in agents) or copies:
+        ready = [a for a in agents if a[1] is not None and a[1]()]
+        if copies and (not ready or rng.random() < 0.3):  # the TMA engine lands a copy, any of them
+            s, i = copies.pop(rng.randrange(len(copies)))
+            data[s] = i
+            full[s].complete_tx(1)
+            continue
+        assert ready, f"deadlock: stages={stages} count={count} seed={seed}"
+        agent = rng.choice(ready)
+        agent[1] = next(agent[0], None)
+
+
+@pytest.mark.parametrize("stages", [3, 4, 7])
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 16])
+def test_producer_protocol_model(stages, count):
+    for seed in range(40):
+        run_producer_protocol(stages, count, seed)
+
+
+@pytest.mark.parametrize(
+    "name, wrong",
+    [
+        ("empty_parity", lambda i, stages: 1),  # the producer never waits for a release: overwrites
+        ("empty_parity", lambda i, stages: i // stages % 2),  # waits for its own fill's release: deadlock
+        ("full_parity", lambda i, stages: (i // stages + 1) % 2),  # consumers pass before the data lands
+    ],
+)
+def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong):
+    """The model is not vacuous: each of these mistakes in the phase arithmetic fails it."""
+    monkeypatch.setattr(wg, name, wrong)
+    with pytest.raises(AssertionError):
+        for seed in range(40):
+            run_producer_protocol(3, 16, seed)
+
+
 @pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA's 384 threads get 168 registers each at launch; setmaxnreg
