@@ -66,7 +66,8 @@ class StreamKConfig(NamedTuple):
 @example.config_type
 class WgmmaStreamKConfig(NamedTuple):
     """Stream-K over the wgmma kernel (sm_90 only): ``ctas_per_sm`` persistent CTAs per SM, each
-    running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows."""
+    running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows.
+    ``producer`` as in ``hopper.WgmmaConfig`` (not yet run on a GPU)."""
 
     block_x: int = 128
     block_k: int = hopper.SWIZZLE_K
@@ -74,6 +75,7 @@ class WgmmaStreamKConfig(NamedTuple):
     ctas_per_sm: int = 2
     tma_loads: bool = False
     warpgroups: int = 1
+    producer: bool = False
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
@@ -81,7 +83,7 @@ class WgmmaStreamKConfig(NamedTuple):
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups)
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer)
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -129,7 +131,10 @@ def streamk_cta_of(i, iterations, grid):
     return ((i + 1) * grid - 1) // iterations
 
 
-def streamk_fixup(acc_size: int, threads: int, k_tiles: int):
+CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
+
+
+def streamk_fixup(acc_size: int, threads: int, k_tiles: int, cta_threads: Optional[int] = None):
     """The deterministic reduction of an output tile cut between stream-K CTAs, as a macro:
     ``fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store)``.
 
@@ -137,8 +142,13 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int):
     partial slot 0 (its first tile) or 1 (its last). The CTA that takes the tile's last ticket sums
     every piece in CTA order, so the result does not depend on arrival order, hands the sum to
     ``store(acc)`` (a Python callable that emits the store) and resets the ticket for the next launch.
+    ``threads`` threads hold the pieces; where the CTA has more (``cta_threads``: a producer
+    warpgroup), they meet on a named barrier of their own.
     """
     import tilelang.language as T
+
+    def sync():
+        return T.sync_threads() if cta_threads in (None, threads) else T.sync_threads(CONSUMER_BARRIER, threads)
 
     @T.macro
     def fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store):
@@ -148,13 +158,13 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int):
         for q in T.unroll(acc_size):
             partials[((g * PARTIAL_SLOTS_PER_CTA + slot) * acc_size + q) * threads + tx] = acc[q]
         T.evaluate(T.call_extern("handle", "__threadfence"))
-        T.sync_threads()
+        sync()
         # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
         first_cta = streamk_cta_of(tile_begin, iterations, grid)
         last_cta = streamk_cta_of(tile_begin + k_tiles - 1, iterations, grid)
         if tx == 0:
             ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
-        T.sync_threads()
+        sync()
         if ticket[0] == last_cta - first_cta:
             T.evaluate(T.call_extern("handle", "__threadfence"))
             for q in T.unroll(acc_size):
@@ -287,19 +297,43 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     Output tile ``t`` is x block ``t % tiles_x`` of weight tile ``t // tiles_x`` (neighbouring x blocks
     share weights through L2). CTA ``g``'s range of (tile, k tile) iterations is cut into segments,
     one per tile it touches; each runs the wgmma kernel's pipeline with a run-time k-tile count. A
-    segment that covers its whole tile stores it; pieces go through ``streamk_fixup``.
+    segment that covers its whole tile stores it; pieces go through ``streamk_fixup``. With a
+    producer warpgroup (``config.producer``) it walks the same segments issuing the loads while the
+    consumers run ``pipe.consume`` on each and store or fix up; they meet only at the stage barriers.
     """
     import tilelang.language as T
 
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k)
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
-    fixup = streamk_fixup(pipe.acc_size, threads, k_tiles)
+    fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, threads)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
+
+    @T.macro
+    def cut(segment, tile, begin, end, tiles_x):
+        """Segment ``tile`` of a CTA's range ``[begin, end)`` into ``segment[0:4]``: its x block, weight
+        tile, k-tile count and first k tile."""
+        segment[0] = tile % tiles_x
+        segment[1] = tile // tiles_x
+        segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
+        segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
+
+    @T.macro
+    def finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets):
+        """A segment's result: the whole tile stored, or its piece through ``fixup``."""
+        row_of = lambda q: pipe.x_row(q, bm, lane)  # noqa: E731
+        col_of = lambda q: pipe.w_row(q, bn, lane, warp)  # noqa: E731
+        if count == k_tiles:
+            store(acc, row_of, col_of, y, alpha_x128, M)  # the whole tile: no partials
+        else:
+            fixup(
+                acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
+                lambda acc: store(acc, row_of, col_of, y, alpha_x128, M),
+            )  # fmt: skip
 
     @T.prim_func
     def nvfp4_w4a16_wgmma_streamk(
@@ -313,7 +347,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         grid: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as g:
-            x_tiles, code_tiles, scale_tiles, full, _, a_regs, b_regs, acc, desc = pipe.setup()
+            x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = pipe.setup()
             ticket = T.alloc_shared((1,), T.int32)
             # A segment's tile coordinates and k range, computed once into registers: as expressions
             # they were re-evaluated, with run-time divisions, in every unrolled accumulator's store.
@@ -328,24 +362,30 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             tiles_x = T.ceildiv(M, bx)
             iterations = tiles_x * tiles_n * k_tiles
             begin, end = streamk_range(g, iterations, grid)
-            for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                segment[0] = tile % tiles_x
-                segment[1] = tile // tiles_x
-                segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
-                segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
-                bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
-                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
-                segment[4] = base + count
-                T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                row_of = lambda q: pipe.x_row(q, bm, lane)  # noqa: E731
-                col_of = lambda q: pipe.w_row(q, bn, lane, warp)  # noqa: E731
-                if count == k_tiles:
-                    store(acc, row_of, col_of, y, alpha_x128, M)  # the whole tile: no partials
+            if config.producer:  # the producer walks the same segments; the consumers store
+                if tx >= pipe.consumer_threads:
+                    T.set_max_nreg(hopper.PRODUCER_REGISTERS, 0)
+                    for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
+                        cut(segment, tile, begin, end, tiles_x)
+                        bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                        pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
+                        segment[4] = base + count
                 else:
-                    fixup(
-                        acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
-                        lambda acc: store(acc, row_of, col_of, y, alpha_x128, M),
-                    )  # fmt: skip
+                    T.set_max_nreg(hopper.CONSUMER_REGISTERS, 1)
+                    for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
+                        cut(segment, tile, begin, end, tiles_x)
+                        bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                        pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                        segment[4] = base + count
+                        finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets)
+            else:
+                for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
+                    cut(segment, tile, begin, end, tiles_x)
+                    bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                    pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                    segment[4] = base + count
+                    T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
+                    finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets)
 
     return nvfp4_w4a16_wgmma_streamk
 
@@ -376,6 +416,8 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
         # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
         raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")
+    if config.producer and config.ctas_per_sm != 1:
+        raise ValueError(f"config {config}: a producer warpgroup's CTA takes all of an SM's registers: ctas_per_sm = 1")
 
 
 def compile_wgmma_streamk(n: int, k: int, config: WgmmaStreamKConfig):

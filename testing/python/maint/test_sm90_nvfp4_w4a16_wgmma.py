@@ -478,6 +478,10 @@ PRODUCER_CASES = [
     (300, 5120, 6144, wg.WgmmaConfig(304, 64, 5, 1, True, 2, True)),
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, 1, True, 2, True)),
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, 1, True, 2, True)),
+    # stream-K: the producer walks the consumers' segments; pieces meet on the consumers' named barrier
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)),  # 40 tiles over 132 CTAs: every tile cut
+    (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, True, 2, True)),
+    (150, 640, 2304, sk.WgmmaStreamKConfig(160, 64, 4, 1, True, 2, True)),  # 5 tiles x 36 k tiles: segments of 1-2 k tiles
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -609,22 +613,25 @@ class ModelBarrier:
         return self.phases % 2 != parity
 
 
-def run_producer_protocol(stages: int, count: int, seed: int) -> None:
-    """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving: the
-    producer's elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine
-    finishing copies in any order, and two consumer warpgroups. It checks that every k tile a
-    consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer still
-    reads, and that nothing deadlocks. The phase arithmetic is the kernel's (``wg.full_parity``,
-    ``wg.empty_parity``)."""
+def run_producer_protocol(stages: int, counts: list, seed: int) -> None:
+    """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving, over a
+    CTA's segments of ``counts`` k tiles each (one for split-K, several for stream-K): the producer's
+    elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine finishing copies
+    in any order, and two consumer warpgroups (``consume``: tile t > 0 of a segment releases tile
+    t - 1 once its wgmma retired, the segment's end releases its last). It checks that every k tile
+    a consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer
+    still reads, and that nothing deadlocks. The phase arithmetic is the kernel's
+    (``wg.full_parity``, ``wg.empty_parity``), on k tiles counted over the segments (``base + t``)."""
     import random
 
     rng = random.Random(seed)
+    total = sum(counts)
     full = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
     empty = [ModelBarrier(2 * wg.WARPGROUP_THREADS) for _ in range(stages)]
     data, readers, copies = [None] * stages, [set() for _ in range(stages)], []
 
     def elected():
-        for i in range(count):
+        for i in range(total):
             s = i % stages
             yield lambda: empty[s].passed(wg.empty_parity(i, stages))
             assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
@@ -633,23 +640,29 @@ def run_producer_protocol(stages: int, count: int, seed: int) -> None:
             full[s].arrive()
 
     def others():
-        for i in range(count):
+        for i in range(total):
             s = i % stages
             yield lambda: empty[s].passed(wg.empty_parity(i, stages))
             full[s].arrive(wg.WARPGROUP_THREADS - 1)
 
+    def release(c, i):
+        readers[i % stages].discard(c)
+        empty[i % stages].arrive(wg.WARPGROUP_THREADS)
+
     def consumer(c):
-        for t in range(count):
-            s = t % stages
-            yield lambda: full[s].passed(wg.full_parity(t, stages))
-            assert data[s] == t, f"consumer {c} read tile {data[s]} for tile {t}"
-            readers[s].add(c)  # its dequant and wgmma read the stage ...
-            if t > 0:  # ... and tile t - 1's wgmma has retired (warpgroup_wait(1))
-                readers[(t - 1) % stages].discard(c)
-                empty[(t - 1) % stages].arrive(wg.WARPGROUP_THREADS)
-            yield lambda: True
-        readers[(count - 1) % stages].discard(c)
-        empty[(count - 1) % stages].arrive(wg.WARPGROUP_THREADS)
+        base = 0
+        for count in counts:
+            for t in range(count):
+                i, s = base + t, (base + t) % stages
+                yield lambda: full[s].passed(wg.full_parity(i, stages))
+                assert data[s] == i, f"consumer {c} read tile {data[s]} for tile {i}"
+                readers[s].add(c)  # its dequant and wgmma read the stage ...
+                if t > 0:  # ... and tile i - 1's wgmma has retired (warpgroup_wait(1))
+                    release(c, i - 1)
+                yield lambda: True
+            release(c, base + count - 1)
+            base += count
+            yield lambda: True  # the segment's store or fix-up
 
     agents = [[elected(), None], [others(), None], [consumer(0), None], [consumer(1), None]]
     for agent in agents:
@@ -661,16 +674,16 @@ def run_producer_protocol(stages: int, count: int, seed: int) -> None:
             data[s] = i
             full[s].complete_tx(1)
             continue
-        assert ready, f"deadlock: stages={stages} count={count} seed={seed}"
+        assert ready, f"deadlock: stages={stages} counts={counts} seed={seed}"
         agent = rng.choice(ready)
         agent[1] = next(agent[0], None)
 
 
 @pytest.mark.parametrize("stages", [3, 4, 7])
-@pytest.mark.parametrize("count", [1, 2, 3, 7, 16])
-def test_producer_protocol_model(stages, count):
+@pytest.mark.parametrize("counts", [[1], [2], [3], [16], [1, 1, 1], [5, 1, 7], [3, 8, 2, 9]])
+def test_producer_protocol_model(stages, counts):
     for seed in range(40):
-        run_producer_protocol(stages, count, seed)
+        run_producer_protocol(stages, counts, seed)
 
 
 @pytest.mark.parametrize(
@@ -686,17 +699,17 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
     monkeypatch.setattr(wg, name, wrong)
     with pytest.raises(AssertionError):
         for seed in range(40):
-            run_producer_protocol(3, 16, seed)
+            run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[-2:-1]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA's 384 threads get 168 registers each at launch; setmaxnreg
     moves the producer's to the consumers, and ptxas compiles their path within that, unserialized."""
-    source = wg.compile_wgmma(n, k, config).get_kernel_source()
+    source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
     assert f"warpgroup_reg_alloc<{wg.CONSUMER_REGISTERS}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
-    assert "__launch_bounds__(384, 1)" in source and "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]
+    assert "__launch_bounds__(384, 1)" in source and "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # stream-K: named barriers
     assert " 0 bytes spill stores" in report and "C7513" not in report and "serialized" not in report, report
     assert 2 * wg.WARPGROUP_THREADS * wg.CONSUMER_REGISTERS + wg.WARPGROUP_THREADS * wg.PRODUCER_REGISTERS <= 64 * 1024
 
@@ -722,6 +735,7 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(block_k=128),
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
+        sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True),  # a producer's CTA takes a whole SM
     ],
 )
 def test_streamk_bad_configs(config):
