@@ -160,8 +160,10 @@ def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     wide = sk.hopper.WgmmaConfig(256, 64, 4, 1, True, 2)
     producer, deep = tune.parse_twin("producer=true"), tune.parse_twin("block_k=128,stages=3")
     assert tune.twin_configs(wide, [producer, deep], 16384, 5120, "sm_90") == [wide, wide._replace(producer=True), wide._replace(block_k=128, stages=3)]
-    streamk = sk.WgmmaStreamKConfig(32, 64, 4, 2)
+    streamk = sk.WgmmaStreamKConfig(32, 64, 4, 2)  # one warpgroup, cp.async: a producer does not fit
     assert tune.twin_configs(streamk, [producer, tune.parse_twin("block_k=128")], 34816, 5120, "sm_90") == [streamk, streamk._replace(block_k=128)]
+    fragment = nv.FragConfig(16, 128, 128, 4, 4)  # no such field
+    assert tune.twin_configs(fragment, [producer, tune.parse_twin("split_k=8")], 34816, 5120, "sm_90") == [fragment, fragment._replace(split_k=8)]
     assert tune.twin_configs(streamk, [tune.parse_twin("ctas_per_sm=8")], 34816, 5120, "sm_90") == [streamk]  # does not fit
     with pytest.raises(SystemExit):
         tune.main(["--twins", "producer=true", "--update"])
