@@ -371,7 +371,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                         pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
                 else:
-                    T.set_max_nreg(hopper.CONSUMER_REGISTERS, 1)
+                    T.set_max_nreg(pipe.consumer_registers, 1)
                     for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
                         cut(segment, tile, begin, end, tiles_x)
                         bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
@@ -416,8 +416,10 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
         # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
         raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")
-    if config.producer and config.ctas_per_sm != 1:
-        raise ValueError(f"config {config}: a producer warpgroup's CTA takes all of an SM's registers: ctas_per_sm = 1")
+    if config.producer and config.ctas_per_sm > hopper.PRODUCER_CTAS_PER_SM[config.warpgroups]:
+        raise ValueError(
+            f"config {config}: with a producer warpgroup, ctas_per_sm is at most {hopper.PRODUCER_CTAS_PER_SM[config.warpgroups]} (registers)"
+        )
 
 
 def compile_wgmma_streamk(n: int, k: int, config: WgmmaStreamKConfig):

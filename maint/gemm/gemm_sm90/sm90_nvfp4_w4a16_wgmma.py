@@ -46,11 +46,14 @@ ONE_WARPGROUP_MAX_BLOCK_X = 128
 WGMMA_MAX_N = 256
 MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
-# With a producer warpgroup (``WgmmaConfig.producer``) a CTA of three warpgroups holds one SM's 64K
-# registers: the two consumers take CONSUMER_REGISTERS each (setmaxnreg) and the producer, which only
-# waits and issues TMA, gives its registers back: 256 x 232 + 128 x 40 = 64,512.
-CONSUMER_REGISTERS = 232
+# With a producer warpgroup (``WgmmaConfig.producer``) setmaxnreg re-divides a CTA's registers: the
+# producer, which only waits and issues TMA, keeps PRODUCER_REGISTERS per thread and the consumers
+# take the rest of the SM's 64K. Two consumer warpgroups, one CTA per SM: 256 x 232 + 128 x 40 =
+# 64,512. One consumer warpgroup, two CTAs per SM (as without a producer): 2 x 128 x (216 + 40) =
+# 65,536.
 PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = {2: 232, 1: 216}  # by consumer warpgroups
+PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
 # registers (see ``operand_sizes``). Past this ptxas serializes every wgmma (warning C7512): correct,
 # but nothing overlaps. One warpgroup with 128-deep k tiles did at 104 x rows (104 + 128), not at 96.
@@ -101,11 +104,11 @@ class WgmmaConfig(NamedTuple):
     ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
     ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
-    rows, where the x block goes in 16-row steps), ``producer``: a third warpgroup issues the TMA
-    loads and the two consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
-    per k tile (see ``wgmma_pipeline``; needs ``tma_loads``, two warpgroups and no split). The
-    producer variant compiles and passes the CPU checks but has not yet run on a GPU (2026-11-30):
-    neither the heuristic nor the tuner offers it."""
+    rows, where the x block goes in 16-row steps), ``producer``: one more warpgroup issues the TMA
+    loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
+    per k tile (see ``wgmma_pipeline``; needs ``tma_loads`` and no split). The producer variant
+    compiles and passes the CPU checks but has not yet run on a GPU (2026-11-30): neither the
+    heuristic nor the tuner offers it."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -411,8 +414,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
-    if config.producer and not (config.tma_loads and config.warpgroups == 2 and config.split_k == 1):
-        raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True, warpgroups=2 and split_k=1")
+    if config.producer and not (config.tma_loads and config.split_k == 1):
+        raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True and split_k=1")
     a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
@@ -428,6 +431,7 @@ class WgmmaPipeline(NamedTuple):
     acc_size: int
     threads: int
     consumer_threads: int
+    consumer_registers: int  # with a producer: what setmaxnreg gives each consumer thread
     x_row: object
     w_row: object
     setup: object
@@ -481,12 +485,12 @@ def wgmma_pipeline(
       ones (see ``TMA_BLOCK_X``).
 
     With a ``producer`` warpgroup (threads ``consumer_threads`` and up) the CTA-wide barrier per k
-    tile goes: ``produce(...)`` (the producer's part, same arguments as ``segment`` less the
+    tile goes (with one consumer warpgroup too): ``produce(...)`` (the producer's part, same arguments as ``segment`` less the
     registers) waits for a stage's ``empty`` barrier and loads the next k tile into it by TMA;
     ``consume(...)`` (the consumers': ``segment``'s arguments plus ``empty``) runs the k tiles as
     above, and k tile ``t``, once its wait has retired tile ``t - 1``'s wgmma, releases that tile's
-    stage to the producer. The two consumer warpgroups then meet only at the stages, so one's
-    dequant can overlap the other's wgmma.
+    stage to the producer. Two consumer warpgroups then meet only at the stages, so one's dequant
+    can overlap the other's wgmma; the loads no longer wait for any consumer's barrier.
     """
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
@@ -631,6 +635,8 @@ def wgmma_pipeline(
 
     @T.macro
     def setup():
+        if producer:  # launch with the registers PRODUCER_CTAS_PER_SM CTAs share; setmaxnreg re-divides them
+            T.annotate_min_blocks_per_sm(PRODUCER_CTAS_PER_SM[wgs])
         x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
@@ -690,7 +696,7 @@ def wgmma_pipeline(
         accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx)
         T.mbarrier_arrive(empty[(base + count - 1) % stages])  # the last tile's stage: no k tile after it releases it
 
-    return WgmmaPipeline(acc_size, threads, consumer_threads, x_row, w_row, setup, segment, produce, consume)
+    return WgmmaPipeline(acc_size, threads, consumer_threads, CONSUMER_REGISTERS[wgs], x_row, w_row, setup, segment, produce, consume)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -728,7 +734,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
                     T.set_max_nreg(PRODUCER_REGISTERS, 0)
                     pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, 0, 0, bm, bn, M, tx)
                 else:
-                    T.set_max_nreg(CONSUMER_REGISTERS, 1)
+                    T.set_max_nreg(pipe.consumer_registers, 1)
                     pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, 0, 0, bm, bn, M, tx)
                     store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
             else:

@@ -176,7 +176,6 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(block_x=104, block_k=128, stages=3),  # 104 accumulators + 128 A registers: ptxas serializes
         wg.WgmmaConfig(block_x=128, block_k=128, stages=3),
         wg.WgmmaConfig(256, tma_loads=False, warpgroups=2, producer=True),  # a producer issues TMA only
-        wg.WgmmaConfig(128, tma_loads=True, producer=True),  # ... for two consumer warpgroups
         wg.WgmmaConfig(256, split_k=2, tma_loads=True, warpgroups=2, producer=True),  # ... with no split
         wg.WgmmaConfig(256, tma_loads=True, warpgroups=2, producer=1),
     ],
@@ -482,6 +481,10 @@ PRODUCER_CASES = [
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)),  # 40 tiles over 132 CTAs: every tile cut
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, True, 2, True)),
     (150, 640, 2304, sk.WgmmaStreamKConfig(160, 64, 4, 1, True, 2, True)),  # 5 tiles x 36 k tiles: segments of 1-2 k tiles
+    # one consumer warpgroup, two CTAs per SM
+    (200, 5120, 6144, wg.WgmmaConfig(128, 64, 4, 1, True, 1, True)),
+    (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True, 1, True)),
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 1, True)),  # 5 tiles x 36 k tiles over 264 CTAs
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -613,11 +616,11 @@ class ModelBarrier:
         return self.phases % 2 != parity
 
 
-def run_producer_protocol(stages: int, counts: list, seed: int) -> None:
+def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int = 2) -> None:
     """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving, over a
     CTA's segments of ``counts`` k tiles each (one for split-K, several for stream-K): the producer's
     elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine finishing copies
-    in any order, and two consumer warpgroups (``consume``: tile t > 0 of a segment releases tile
+    in any order, and ``consumers`` consumer warpgroups (``consume``: tile t > 0 of a segment releases tile
     t - 1 once its wgmma retired, the segment's end releases its last). It checks that every k tile
     a consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer
     still reads, and that nothing deadlocks. The phase arithmetic is the kernel's
@@ -627,7 +630,7 @@ def run_producer_protocol(stages: int, counts: list, seed: int) -> None:
     rng = random.Random(seed)
     total = sum(counts)
     full = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
-    empty = [ModelBarrier(2 * wg.WARPGROUP_THREADS) for _ in range(stages)]
+    empty = [ModelBarrier(consumers * wg.WARPGROUP_THREADS) for _ in range(stages)]
     data, readers, copies = [None] * stages, [set() for _ in range(stages)], []
 
     def elected():
@@ -664,7 +667,7 @@ def run_producer_protocol(stages: int, counts: list, seed: int) -> None:
             base += count
             yield lambda: True  # the segment's store or fix-up
 
-    agents = [[elected(), None], [others(), None], [consumer(0), None], [consumer(1), None]]
+    agents = [[elected(), None], [others(), None]] + [[consumer(c), None] for c in range(consumers)]
     for agent in agents:
         agent[1] = next(agent[0], None)
     while any(agent[1] is not None for agent in agents) or copies:
@@ -679,11 +682,12 @@ def run_producer_protocol(stages: int, counts: list, seed: int) -> None:
         agent[1] = next(agent[0], None)
 
 
+@pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("stages", [3, 4, 7])
 @pytest.mark.parametrize("counts", [[1], [2], [3], [16], [1, 1, 1], [5, 1, 7], [3, 8, 2, 9]])
-def test_producer_protocol_model(stages, counts):
+def test_producer_protocol_model(stages, counts, consumers):
     for seed in range(40):
-        run_producer_protocol(stages, counts, seed)
+        run_producer_protocol(stages, counts, seed, consumers)
 
 
 @pytest.mark.parametrize(
@@ -702,16 +706,22 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[-2:-1]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[6:8]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
-    """With a producer warpgroup the CTA's 384 threads get 168 registers each at launch; setmaxnreg
-    moves the producer's to the consumers, and ptxas compiles their path within that, unserialized."""
+    """With a producer warpgroup the CTA launches with the registers its PRODUCER_CTAS_PER_SM share of
+    an SM allows; setmaxnreg moves the producer's to the consumers, and ptxas compiles their path
+    within that, unserialized and without spills (the one-warpgroup 128-row kernel used 218 registers
+    without a producer, 216 are its consumers' share)."""
+    wgs = config.warpgroups
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
-    assert f"warpgroup_reg_alloc<{wg.CONSUMER_REGISTERS}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
-    assert "__launch_bounds__(384, 1)" in source and "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # stream-K: named barriers
+    assert f"warpgroup_reg_alloc<{wg.CONSUMER_REGISTERS[wgs]}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
+    threads = wg.WARPGROUP_THREADS * (wgs + 1)
+    assert f"__launch_bounds__({threads}, {wg.PRODUCER_CTAS_PER_SM[wgs]})" in source
+    assert "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # stream-K: named barriers
     assert " 0 bytes spill stores" in report and "C7513" not in report and "serialized" not in report, report
-    assert 2 * wg.WARPGROUP_THREADS * wg.CONSUMER_REGISTERS + wg.WARPGROUP_THREADS * wg.PRODUCER_REGISTERS <= 64 * 1024
+    for consumers, ctas in wg.PRODUCER_CTAS_PER_SM.items():
+        assert ctas * wg.WARPGROUP_THREADS * (consumers * wg.CONSUMER_REGISTERS[consumers] + wg.PRODUCER_REGISTERS) <= 64 * 1024
 
 
 def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
@@ -735,7 +745,8 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(block_k=128),
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
-        sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True),  # a producer's CTA takes a whole SM
+        sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True),  # two consumer warpgroups and a producer take a whole SM
+        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: half of one
     ],
 )
 def test_streamk_bad_configs(config):
