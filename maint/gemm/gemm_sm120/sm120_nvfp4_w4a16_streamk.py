@@ -316,11 +316,12 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     @T.macro
     def cut(segment, tile, begin, end, tiles_x):
         """Segment ``tile`` of a CTA's range ``[begin, end)`` into ``segment[0:4]``: its x block, weight
-        tile, k-tile count and first k tile."""
+        tile, k-tile count and first k tile; returns them and ``segment[4]``, the k tiles before it."""
         segment[0] = tile % tiles_x
         segment[1] = tile // tiles_x
         segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
         segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
+        return segment[0], segment[1], segment[2], segment[3], segment[4]
 
     @T.macro
     def finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets):
@@ -366,22 +367,19 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                 if tx >= pipe.consumer_threads:
                     T.set_max_nreg(hopper.PRODUCER_REGISTERS, 0)
                     for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                        cut(segment, tile, begin, end, tiles_x)
-                        bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                        bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
                         pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
                     for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                        cut(segment, tile, begin, end, tiles_x)
-                        bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                        bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
                         pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
                         finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets)
             else:
                 for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                    cut(segment, tile, begin, end, tiles_x)
-                    bm, bn, count, kt0, base = segment[0], segment[1], segment[2], segment[3], segment[4]
+                    bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
                     pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                     segment[4] = base + count
                     T.sync_threads()  # every warp is done with the stages the next segment's prologue refills

@@ -336,7 +336,8 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # cells to stream-K and was 1.06x faster on geometric mean than the split-K choice alone; the worst
 # cell was 5.7 % slower (5120x6144 M = 544, 200 CTAs), the best 1.83x faster (5120x17408 M = 128,
 # 320 CTAs). Under 1.2 it lost more than it won; below M = 64 the dispatch asks more (the stream-K
-# module's SMALL_M_STREAMK_MIN_IMBALANCE). The two-warpgroup rule below uses it too. (The M <= 16 split rules use the example's ``loads_sms_unevenly``, also at 1.2.)
+# module's SMALL_M_STREAMK_MIN_IMBALANCE). The two-warpgroup rule below uses it too. (The M <= 16
+# split rules use the example's ``loads_sms_unevenly``, also at 1.2.)
 WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 
@@ -484,12 +485,12 @@ def wgmma_pipeline(
       About 10 % fewer instructions per k tile; it wins with 128-row x blocks and loses with small
       ones (see ``TMA_BLOCK_X``).
 
-    With a ``producer`` warpgroup (threads ``consumer_threads`` and up) the CTA-wide barrier per k
-    tile goes (with one consumer warpgroup too): ``produce(...)`` (the producer's part, same arguments as ``segment`` less the
-    registers) waits for a stage's ``empty`` barrier and loads the next k tile into it by TMA;
-    ``consume(...)`` (the consumers': ``segment``'s arguments plus ``empty``) runs the k tiles as
-    above, and k tile ``t``, once its wait has retired tile ``t - 1``'s wgmma, releases that tile's
-    stage to the producer. Two consumer warpgroups then meet only at the stages, so one's dequant
+    With a ``producer`` warpgroup (threads ``consumer_threads`` and up; one or two consumer
+    warpgroups) the CTA-wide barrier per k tile goes: ``produce(...)`` (the producer's part,
+    ``segment``'s arguments less the registers, plus ``empty``) waits for a stage's ``empty``
+    barrier and loads the next k tile into it by TMA; ``consume(...)`` (the consumers': ``segment``'s
+    arguments plus ``empty``) runs the k tiles as above, and k tile ``t``, once its wait has retired
+    tile ``t - 1``'s wgmma, releases that tile's stage to the producer. Two consumer warpgroups then meet only at the stages, so one's dequant
     can overlap the other's wgmma; the loads no longer wait for any consumer's barrier.
     """
     import tilelang.language as T
@@ -525,13 +526,13 @@ def wgmma_pipeline(
         scales) of one k tile into a stage, 16 bytes per cp.async."""
         per_block = words_per_block // WORDS_PER_CHUNK
         chunks = blocks * kbs * per_block
-        threads = consumer_threads  # cp.async: never with a producer, so every thread loads
+        loaders = consumer_threads  # cp.async runs without a producer: every thread loads
 
         @T.macro
         def copy(src, dst, stage, nb, kt, tx):
-            for c in T.unroll(T.ceildiv(chunks, threads)):
-                if c * threads + tx < chunks:
-                    b, kb, w = (c * threads + tx) // (kbs * per_block), (c * threads + tx) // per_block % kbs, (c * threads + tx) % per_block
+            for c in T.unroll(T.ceildiv(chunks, loaders)):
+                if c * loaders + tx < chunks:
+                    b, kb, w = (c * loaders + tx) // (kbs * per_block), (c * loaders + tx) // per_block % kbs, (c * loaders + tx) % per_block
                     T.ptx_cp_async(
                         T.access_ptr(dst[stage, b, kb, w * WORDS_PER_CHUNK], "w", extent=WORDS_PER_CHUNK),
                         T.access_ptr(src[nb + b, kt * kbs + kb, w * WORDS_PER_CHUNK], "r", extent=WORDS_PER_CHUNK),
