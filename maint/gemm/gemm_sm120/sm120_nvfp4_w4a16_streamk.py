@@ -67,7 +67,7 @@ class StreamKConfig(NamedTuple):
 class WgmmaStreamKConfig(NamedTuple):
     """Stream-K over the wgmma kernel (sm_90 only): ``ctas_per_sm`` persistent CTAs per SM, each
     running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows.
-    ``producer`` as in ``hopper.WgmmaConfig`` (not yet run on a GPU)."""
+    ``producer`` as in ``hopper.WgmmaConfig``."""
 
     block_x: int = 128
     block_k: int = hopper.SWIZZLE_K
@@ -557,7 +557,7 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         if example.sm_imbalance(ctas, sm_count) >= min_imbalance and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
             deep = config.warpgroups == 1 and config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X and k % hopper.DEEP_K == 0
             block_k = hopper.DEEP_K if deep else config.block_k
-            return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups)
+            return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups, config.producer)
         return config
     return get_streamk_config(m, n, k, sm_count=sm_count)
 

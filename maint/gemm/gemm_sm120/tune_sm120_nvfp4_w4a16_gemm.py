@@ -91,8 +91,12 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
 # stages that fit from 192 rows they took 1.4-3.3x as long (16384x5120 M = 1024: 358.9 us against
 # 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
-# One warpgroup's 128-deep stream-K candidates (above) follow the same floor.
+# One warpgroup's 128-deep stream-K candidates (above) follow the same floor. With the producer
+# warpgroup (which two warpgroups now always take, hopper.TWO_WARPGROUP_PRODUCER) a stage is released
+# as soon as its wgmma retires, so three stages keep two loads in flight, not one: there the floor is
+# hopper.MIN_STAGES (not yet measured, 2026-11-30i).
 WGMMA_DEEP_K_MIN_STAGES = 4
+WGMMA_PRODUCER_DEEP_K_MIN_STAGES = maint.hopper.MIN_STAGES
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -130,10 +134,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 continue
             for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
-                if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
+                floor = WGMMA_PRODUCER_DEEP_K_MIN_STAGES if hopper.TWO_WARPGROUP_PRODUCER else WGMMA_DEEP_K_MIN_STAGES
+                if bk == hopper.DEEP_K and stages < floor:
                     continue
-                out.append(W(bx, stages, 1, 2, bk=bk))
-                out.append(WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2))
+                # With the producer warpgroup alone: it won every two-warpgroup cell (hopper.TWO_WARPGROUP_PRODUCER)
+                out.append(W(bx, stages, 1, 2, bk=bk)._replace(producer=hopper.TWO_WARPGROUP_PRODUCER))
+                streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2)
+                out.append(streamk._replace(producer=hopper.TWO_WARPGROUP_PRODUCER))
     return out
 
 

@@ -106,9 +106,8 @@ class WgmmaConfig(NamedTuple):
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps), ``producer``: one more warpgroup issues the TMA
     loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
-    per k tile (see ``wgmma_pipeline``; needs ``tma_loads`` and no split). The producer variant
-    compiles and passes the CPU checks but has not yet run on a GPU (2026-11-30): neither the
-    heuristic nor the tuner offers it."""
+    per k tile (see ``wgmma_pipeline``; needs ``tma_loads`` and no split). It pays with two
+    consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -386,10 +385,19 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X
 
 
+# Two consumer warpgroups take a producer warpgroup: on the H200 (2026-11-30i, the tuner's --twins on
+# the table's configs at M = 144-832, five shapes, results/h200_timings_2026-11-30i_producer_twins.json)
+# it was faster in all 43 two-warpgroup cells, split-K and stream-K alike: 0.90x the time on geometric
+# mean, 0.81x at best (34816x5120 M = 272, stream-K), 0.99x at worst. With one consumer warpgroup (two
+# CTAs per SM) it lost both cells timed (14336x5120 M = 832: 234.6 us against 184.7), so only the
+# tuner's table can give it to those.
+TWO_WARPGROUP_PRODUCER = True
+
+
 def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     block_x = tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=HEURISTIC_MAX_BLOCK_X).block_x
     stages = min(deepest_stages(block_x, ctas_per_sm=1), k // SWIZZLE_K)
-    return WgmmaConfig(block_x, SWIZZLE_K, stages, 1, True, 2)
+    return WgmmaConfig(block_x, SWIZZLE_K, stages, 1, True, 2, TWO_WARPGROUP_PRODUCER)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
