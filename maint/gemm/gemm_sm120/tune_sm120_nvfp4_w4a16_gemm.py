@@ -86,17 +86,21 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # 128 rows there is no two-warpgroup candidate. Both covers are offered: x blocks of at most one
 # wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
 # won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
+# Each with and without the producer warpgroup: with it they won every cell of the twins at M =
+# 144-832 (hopper.TWO_WARPGROUP_PRODUCER), but a tuning that offered only the producer ones lost
+# 34816x5120 M = 1024 (its stream-K at 256 rows: 616.8 us, where the same config without a producer
+# ran 515 in the 2026-11-30h benchmark; H200, 2026-11-30i).
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
 # the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
 # stages that fit from 192 rows they took 1.4-3.3x as long (16384x5120 M = 1024: 358.9 us against
 # 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
-# One warpgroup's 128-deep stream-K candidates (above) follow the same floor. With the producer
-# warpgroup (which two warpgroups now always take, hopper.TWO_WARPGROUP_PRODUCER) a stage is released
-# as soon as its wgmma retires, so three stages keep two loads in flight, not one: there the floor is
-# hopper.MIN_STAGES (not yet measured, 2026-11-30i).
+# One warpgroup's 128-deep stream-K candidates (above) follow the same floor. The producer warpgroup
+# (see the two-warpgroup candidates below) releases a stage as soon as
+# its wgmma retires, so three stages keep two loads in flight, not one; still, the three-stage
+# 128-deep producer configs were never a cell's fastest (H200 2026-11-30i tuning, 60 cells at M =
+# 192-1024: 1.04x their 64-deep twins' time on geometric mean, 0.94-1.15x), so the floor stays.
 WGMMA_DEEP_K_MIN_STAGES = 4
-WGMMA_PRODUCER_DEEP_K_MIN_STAGES = maint.hopper.MIN_STAGES
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -134,13 +138,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 continue
             for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
-                floor = WGMMA_PRODUCER_DEEP_K_MIN_STAGES if hopper.TWO_WARPGROUP_PRODUCER else WGMMA_DEEP_K_MIN_STAGES
-                if bk == hopper.DEEP_K and stages < floor:
+                if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
                     continue
-                # With the producer warpgroup alone: it won every two-warpgroup cell (hopper.TWO_WARPGROUP_PRODUCER)
-                out.append(W(bx, stages, 1, 2, bk=bk)._replace(producer=hopper.TWO_WARPGROUP_PRODUCER))
                 streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2)
-                out.append(streamk._replace(producer=hopper.TWO_WARPGROUP_PRODUCER))
+                out += [c._replace(producer=producer) for c in (W(bx, stages, 1, 2, bk=bk), streamk) for producer in (False, True)]
     return out
 
 

@@ -390,7 +390,9 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
 # it was faster in all 43 two-warpgroup cells, split-K and stream-K alike: 0.90x the time on geometric
 # mean, 0.81x at best (34816x5120 M = 272, stream-K), 0.99x at worst. With one consumer warpgroup (two
 # CTAs per SM) it lost both cells timed (14336x5120 M = 832: 234.6 us against 184.7), so only the
-# tuner's table can give it to those.
+# tuner's table can give it to those. Past the twins' M it can lose: the tuner found 34816x5120 M =
+# 1024 as two-warpgroup stream-K with a producer at 616.8 us, where the 2026-11-30h benchmark ran the
+# same config without one at 515; the heuristic gives that M one warpgroup (TMA_BLOCK_X rows).
 TWO_WARPGROUP_PRODUCER = True
 
 

@@ -131,15 +131,16 @@ def test_tuner_pads_decode_m_to_8_rows():
 
 def test_tuner_offers_two_warpgroups_at_both_k_depths_above_128_rows():
     """Above 128 rows: the deepest pipeline and stream-K per cover, 64 deep always and 128 deep
-    where four stages fit (up to 176 rows; with three they lost 1.4-3.3x); 304 rows: 64 deep only."""
+    where four stages fit (up to 176 rows; with three they lost 1.4-3.3x, and 1.04x with a
+    producer); 304 rows: 64 deep only. Each with and without the producer warpgroup."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     two = {c for c in tune.candidates(144, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
-    assert wg.WgmmaConfig(144, 64, wg.deepest_stages(144, ctas_per_sm=1), 1, True, 2) in two
-    assert wg.WgmmaConfig(144, 128, 5, 1, True, 2) in two and sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2) in two
+    assert wg.WgmmaConfig(144, 64, wg.deepest_stages(144, ctas_per_sm=1), 1, True, 2, True) in two
+    assert wg.WgmmaConfig(144, 128, 5, 1, True, 2, True) in two and sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True) in two
     two = {c for c in tune.candidates(256, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
-    assert wg.WgmmaConfig(256, 64, wg.deepest_stages(256, ctas_per_sm=1), 1, True, 2) in two
-    assert all(c.block_k == 64 for c in two)
+    assert wg.WgmmaConfig(256, 64, wg.deepest_stages(256, ctas_per_sm=1), 1, True, 2, True) in two
+    assert all(c.block_k == 64 and c._replace(producer=not c.producer) in two for c in two)
     wide = {c for c in tune.candidates(304, 16384, 5120, "sm_90") if getattr(c, "block_x", 0) == 304}
     assert wide and all(c.block_k == 64 for c in wide)
     assert not any(getattr(c, "warpgroups", 1) == 2 for c in tune.candidates(128, 16384, 5120, "sm_90"))
