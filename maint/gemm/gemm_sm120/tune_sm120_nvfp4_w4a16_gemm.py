@@ -75,8 +75,9 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # won 8-15 % over 64-deep at M = 16-48 on 34816x5120 and 5120x17408 (H200, 2026-11-30h, scratch twins:
 # 34816x5120 M = 32, 44.3 us against 52.4); three or four CTAs per SM of 64-deep tiles lost to them
 # there (47.3 and 49.3 us). The 128-deep ones come with 4 stages and with the deepest pipeline that
-# keeps two CTAs per SM (6 stages at 32 rows, 8 at 16; not yet measured): twice the bytes in flight
-# that ncu found short at M = 16-32 (NOTES, 2026-11-30h).
+# keeps two CTAs per SM (6 stages at 32 rows, 8 at 16): twice the bytes in flight that ncu found
+# short at M = 16-32 (NOTES, 2026-11-30h). That one won 34816x5120 M = 32 by 2 % (44.3 us against
+# 45.2) and lost M = 24 by 2 % (2026-11-30i): more bytes in flight alone buy little there.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
 # once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
