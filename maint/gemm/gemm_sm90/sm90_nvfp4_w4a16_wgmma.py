@@ -14,7 +14,10 @@ warpgroups (``WgmmaConfig.warpgroups``) take one atom each: warp w of warpgroup 
 ``64a + 16w + 8rh + g``. Above 128 x rows that keeps the weights dequantized once per x block (the
 accumulators of two atoms would not fit); below, it gives a CTA twice the warps to hide latency.
 Above 256 x rows (wgmma's largest N) a warpgroup issues two wgmmas per k16 step from the same A
-registers, x rows 0-255 and the rest, into consecutive accumulators.
+registers, x rows 0-255 and the rest, into consecutive accumulators. With a producer warpgroup
+(``WgmmaConfig.producer``) one more warpgroup only issues the TMA loads, and the consumer
+warpgroups meet it at per-stage mbarriers instead of a CTA-wide barrier per k tile
+(``wgmma_pipeline``); the heuristic gives it to every two-warpgroup config.
 """
 
 import pathlib
