@@ -97,10 +97,10 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # stages that fit from 192 rows they took 1.4-3.3x as long (16384x5120 M = 1024: 358.9 us against
 # 242.1): the loads run only one tile ahead, though the SASS has 23 % fewer instructions per k.
 # One warpgroup's 128-deep stream-K candidates (above) follow the same floor. The producer warpgroup
-# (see the two-warpgroup candidates below) releases a stage as soon as
-# its wgmma retires, so three stages keep two loads in flight, not one; still, the three-stage
-# 128-deep producer configs were never a cell's fastest (H200 2026-11-30i tuning, 60 cells at M =
-# 192-1024: 1.04x their 64-deep twins' time on geometric mean, 0.94-1.15x), so the floor stays.
+# releases a stage as soon as its wgmma retires, so three stages keep two loads in flight, not one;
+# still, the three-stage 128-deep producer configs were never a cell's fastest (H200 2026-11-30i
+# tuning, 60 cells at M = 192-1024: 1.04x their 64-deep twins' time on geometric mean, 0.94-1.15x),
+# so the floor stays.
 WGMMA_DEEP_K_MIN_STAGES = 4
 
 
