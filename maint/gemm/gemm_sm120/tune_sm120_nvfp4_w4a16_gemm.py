@@ -187,6 +187,11 @@ def time_configs(x: torch.Tensor, weights: list, configs: list) -> list:
     return sorted(timed, key=lambda t: t[0])
 
 
+def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> bool:
+    """Whether ``config``'s output for ``x`` passes the FP32 reference check against ``ref``."""
+    return nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weight, config), ref)["ok"]
+
+
 def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
     """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
     Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given."""
@@ -199,7 +204,7 @@ def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, ti
             timings += [{"n": n, "k": k, "m": m, "us": us, **maint.config_to_json(config)} for us, config in timed]
         ref = nv.reference_nvfp4_linear(x, *raw[0])
         for us, config in timed:  # the fastest config that also passes the reference check
-            if nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weights[0], config), ref)["ok"]:
+            if matches_reference(x, weights[0], ref, config):
                 winners.append((m, config, us))
                 break
         else:
@@ -247,7 +252,7 @@ def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, prog
         ref = nv.reference_nvfp4_linear(x, *raw[0])
         cells = []
         for c in configs:
-            ok = nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weights[0], c), ref)["ok"]
+            ok = matches_reference(x, weights[0], ref, c)
             timings.append({"n": n, "k": k, "m": m, "us": times[c], "ok": ok, **maint.config_to_json(c)})
             cells.append(f"{times[c]:.1f}{'' if ok else ' (WRONG)'} {c}")
         print(f"{n}x{k} M={m}: " + " | ".join(cells), flush=True)

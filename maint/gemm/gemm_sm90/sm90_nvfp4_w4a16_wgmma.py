@@ -743,6 +743,8 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
+            row_of = lambda q: x_row(q, bm, lane)  # noqa: E731
+            col_of = lambda q: w_row(q, bn, lane, warp)  # noqa: E731
             if config.producer:  # no split (check_wgmma_config): the consumers store, the producer is done
                 if tx >= pipe.consumer_threads:
                     T.set_max_nreg(PRODUCER_REGISTERS, 0)
@@ -750,19 +752,16 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
                     pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, 0, 0, bm, bn, M, tx)
-                    store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
+                    store(acc, row_of, col_of, y, alpha_x128, M)
             else:
                 pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, M, tx)
                 if split_k == 1:
-                    store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
+                    store(acc, row_of, col_of, y, alpha_x128, M)
                 else:
                     ticket = T.alloc_shared((1,), T.int32)
-                    exchange(
-                        acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp),
-                        partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True,
-                    )  # fmt: skip
+                    exchange(acc, row_of, col_of, partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True)
                     if ticket[0] == split_k - 1:
-                        store(acc, lambda q: x_row(q, bm, lane), lambda q: w_row(q, bn, lane, warp), y, alpha_x128, M)
+                        store(acc, row_of, col_of, y, alpha_x128, M)
 
     return nvfp4_w4a16_wgmma
 
