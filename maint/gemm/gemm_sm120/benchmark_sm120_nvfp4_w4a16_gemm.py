@@ -7,7 +7,10 @@ Method (DESIGN.md section 7):
 - each (shape, M) cell runs 3 rounds, the method order rotating each round; the fastest round per
   cell is reported, and layer-weighted totals (time per model step) for the fastest and the median
   rounds;
-- ``--verify`` checks ours and Marlin's output against the FP32 reference before timing.
+- ``--verify`` checks ours and Marlin's output against the FP32 reference before timing;
+- beside the GEMMs, ``read``: a kernel that only reads as many bytes as our weights hold, timed the
+  same way. It is the floor this harness lets any kernel reach (the pipeline's ramp and tail, the
+  launch), where ``floor`` is the bytes at the peak rate alone.
 
     python maint/gemm/gemm_sm120/benchmark_sm120_nvfp4_w4a16_gemm.py --verify --json r.json --plot r.png
     python maint/gemm/gemm_sm120/benchmark_sm120_nvfp4_w4a16_gemm.py --from-json r.json --plot r.png  # no GPU
@@ -61,6 +64,58 @@ class Progress:
         sys.stderr.flush()
 
 
+# The read floor's kernel: every thread XORs 16-byte loads strided over the grid, READ_UNROLL of them
+# in flight. The fastest of eight variants on the H200 (2026-11-30j, 2 to 8 CTAs per SM of 256 or 512
+# threads, 2 or 8 loads in flight; all within 5 % of each other on 17.7-100 MB: 4.01 TB/s on 100 MB).
+READ_VECTOR = 4  # int32 per load
+READ_THREADS = 256
+READ_CTAS_PER_SM = 4
+READ_UNROLL = 2
+
+
+def build_read_kernel(units: int, ctas: int):
+    """A kernel that reads ``units`` 16-byte words and writes one XOR per thread to ``sink`` (so the
+    loads are not dropped)."""
+    import tilelang.language as T
+
+    stride = ctas * READ_THREADS
+    passes = math.ceil(units / (stride * READ_UNROLL))
+
+    @T.prim_func
+    def read(words: T.Tensor((units * READ_VECTOR,), "int32"), sink: T.Tensor((stride * READ_VECTOR,), "int32")):
+        with T.Kernel(ctas, threads=READ_THREADS) as bx:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((READ_VECTOR,), "int32")
+            for v in T.vectorized(READ_VECTOR):
+                acc[v] = 0
+            for p in T.serial(passes):
+                for u in T.unroll(READ_UNROLL):
+                    i = (p * READ_UNROLL + u) * stride + bx * READ_THREADS + tx
+                    if i < units:
+                        for v in T.vectorized(READ_VECTOR):
+                            acc[v] = acc[v] ^ words[i * READ_VECTOR + v]
+            for v in T.vectorized(READ_VECTOR):
+                sink[(bx * READ_THREADS + tx) * READ_VECTOR + v] = acc[v]
+
+    return read
+
+
+def compile_read_kernel(units: int, ctas: int, arch: str):
+    import tilelang
+
+    return tilelang.compile(build_read_kernel(units, ctas), target={"kind": "cuda", "arch": arch})
+
+
+def read_calls(nbytes: int, device: torch.device) -> list:
+    """Calls that each read their own ``nbytes`` buffer (rotated like the weights) with the read kernel."""
+    units = math.ceil(nbytes / (4 * READ_VECTOR))
+    ctas = READ_CTAS_PER_SM * nv.sm_count(device)
+    kernel = compile_read_kernel(units, ctas, nv.device_arch(device))
+    sink = torch.empty(ctas * READ_THREADS * READ_VECTOR, dtype=torch.int32, device=device)
+    buffers = [torch.zeros(units * READ_VECTOR, dtype=torch.int32, device=device) for _ in range(copies_for(nbytes))]
+    return [lambda b=b: kernel(b, sink) for b in buffers]
+
+
 def copies_for(bytes_per_copy: int) -> int:
     return max(2, math.ceil(nv.ROTATION_BYTES / bytes_per_copy))
 
@@ -77,6 +132,8 @@ def build_methods(n: int, k: int, dispatch: str):
     marlin = [nv.marlin_linear_or_none(*r) for r in raw]
     if marlin[0] is not None:
         methods["marlin"] = (lambda x, i: lambda: marlin[i](x), len(marlin))
+    reads = read_calls(weight_bytes(n, k), torch.device("cuda"))
+    methods["read"] = (lambda x, i: reads[i], len(reads))
     return methods, raw[0], ours[0], marlin[0], linear
 
 
@@ -174,11 +231,12 @@ def print_report(result: dict) -> None:
     names = list(next(iter(totals.values()))["fastest"])
     print(f"\n{result['meta']['gpu']} ({result['meta']['key']}), dispatch={result['meta']['dispatch']}: "
           "layer-weighted us per model step, fastest round (median round)")  # fmt: skip
-    print(f"{'M':>5} " + " ".join(f"{n:>18}" for n in names) + f" {'floor':>8} {'ours/marlin':>12} {'ours/cublas':>12}")
+    print("ours/X: X's time over ours (> 1: we are faster); read/ours: the share of the read floor we reach")
+    print(f"{'M':>5} " + " ".join(f"{n:>18}" for n in names) + f" {'floor':>8} {'ours/marlin':>12} {'ours/cublas':>12} {'read/ours':>10}")
     for m, t in totals.items():
         row = f"{m:5d} " + " ".join(f"{t['fastest'][n]:9.0f} ({t['median'][n]:6.0f})" for n in names) + f" {t['floor']:8.0f}"
-        for base in ("marlin", "cublas"):
-            row += f" {t['fastest'][base] / t['fastest']['ours']:11.2f}x" if base in t["fastest"] else f" {'n/a':>12}"
+        for base, width in (("marlin", 12), ("cublas", 12), ("read", 10)):
+            row += f" {t['fastest'][base] / t['fastest']['ours']:{width - 1}.2f}x" if base in t["fastest"] else f" {'n/a':>{width}}"
         print(row)
     if any("marlin" in c["rounds"] for c in result["cells"]):
         ratios = sorted((min(c["rounds"]["marlin"]) / min(c["rounds"]["ours"]), c["n"], c["k"], c["m"]) for c in result["cells"])
@@ -202,8 +260,9 @@ def plot(result: dict, path: str) -> None:
     totals = summarize(result)
     ms = list(totals)
     fig, ax = plt.subplots(figsize=(8, 5))
+    labels = {"read": "read only: our weight bytes, no math"}
     for name in next(iter(totals.values()))["fastest"]:
-        ax.plot(ms, [totals[m]["fastest"][name] for m in ms], marker="o", markersize=3, label=name)
+        ax.plot(ms, [totals[m]["fastest"][name] for m in ms], marker="o", markersize=3, label=labels.get(name, name))
     ax.plot(ms, [totals[m]["floor"] for m in ms], "k--", label="floor: weights at 4.46 TB/s or BF16 at 790 TFLOP/s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -79,18 +79,22 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # short at M = 16-32 (NOTES, 2026-11-30h). That one won 34816x5120 M = 32 by 2 % (44.3 us against
 # 45.2) and lost M = 24 by 2 % (2026-11-30i): more bytes in flight alone buy little there.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
-# Two warpgroups, above 128 rows: the one x block that covers M (up to 256) dequantizes the weights
-# once where two blocks of 128 rows or less dequantize them twice. One H200 run (2026-11-30, four
-# shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one CTA per SM (registers
-# allow no second): the deepest pipeline with no split, and stream-K. Splits of 2-4 and 4 stages never
-# won; nor did two warpgroups on the heuristic's config at M = 24 and 48 (12-45 % slower), so up to
-# 128 rows there is no two-warpgroup candidate. Both covers are offered: x blocks of at most one
-# wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
-# won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
+# Two warpgroups, above WGMMA_SMALL_M rows. Above 128 rows the one x block that covers M (up to 256)
+# dequantizes the weights once where two blocks of 128 rows or less dequantize them twice. One H200
+# run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one
+# CTA per SM (registers allow no second): the deepest pipeline with no split, and stream-K. Splits
+# of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one wgmma N (256), and
+# of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones won M = 272 and 304
+# on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
 # Each with and without the producer warpgroup: with it they won every cell of the twins at M =
 # 144-832 (hopper.TWO_WARPGROUP_PRODUCER), but a tuning that offered only the producer ones lost
 # 34816x5120 M = 1024 (its stream-K at 256 rows: 616.8 us, where the same config without a producer
 # ran 515 in the 2026-11-30h benchmark; H200, 2026-11-30i).
+# Up to 128 rows the two warpgroups take one m64 atom each of the same x block: without a producer
+# they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where the
+# table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96, 29.4
+# us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to split-K
+# on 5120x6144 (a producer allows no split).
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
 # the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
@@ -132,17 +136,16 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         deepest = hopper.deepest_stages(bx, streamk.ctas_per_sm, hopper.DEEP_K)
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
             out += [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
-    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-        for most in (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X):  # x blocks of one wgmma N, and wider
-            bx = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x
-            if bx <= hopper.ONE_WARPGROUP_MAX_BLOCK_X:
-                continue
+    if m > WGMMA_SMALL_M:
+        covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
+        for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):
             for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
                 if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
                     continue
                 streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2)
-                out += [c._replace(producer=producer) for c in (W(bx, stages, 1, 2, bk=bk), streamk) for producer in (False, True)]
+                unsplit = W(bx, stages, 1, 2, bk=bk)._replace(tma_loads=True)  # the producer needs TMA, at any x block
+                out += [c._replace(producer=producer) for c in (unsplit, streamk) for producer in (False, True)]
     return out
 
 

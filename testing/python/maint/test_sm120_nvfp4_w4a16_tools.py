@@ -21,7 +21,7 @@ def fake_result():
     cells = []
     for (n, k), layers in [((16384, 5120), 48), ((5120, 6144), 64)]:
         for m in (1, 256):
-            rounds = {"ours": [10.0 + m, 9.0 + m, 11.0 + m], "marlin": [20.0, 21.0, 19.0 + m], "cublas": [30.0, 30.0, 30.0]}
+            rounds = {"ours": [10.0 + m, 9.0 + m, 11.0 + m], "marlin": [20.0, 21.0, 19.0 + m], "cublas": [30.0, 30.0, 30.0], "read": [6.0, 4.5, 5.0]}
             cells.append({"n": n, "k": k, "m": m, "layers": layers, "floor_us": bench.floor_us(m, n, k), "rounds": rounds})
     return {"meta": {"gpu": "test", "key": "sm_90-132sm", "dispatch": "tuned"}, "cells": cells}
 
@@ -44,6 +44,33 @@ def test_report_names_the_cells_we_lose(capsys):
     bench.print_report(fake_result())
     out = capsys.readouterr().out
     assert "cells where we lose: [(5120, 6144, 256), (16384, 5120, 256)]" in out  # worst ratio first
+
+
+def test_report_gives_the_share_of_the_read_floor_we_reach(capsys):
+    bench.print_report(fake_result())
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["1"], ["256"])}
+    assert rows["1"][-1] == "0.45x"  # read 4.5 over ours 10 (fastest rounds; the same in both shapes)
+    assert rows["256"][-1] == f"{4.5 / 265:.2f}x"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_read_kernel_compiles_to_16_byte_loads(arch):
+    source = bench.compile_read_kernel(1000, 8, arch).get_kernel_source()
+    assert "int4" in source and "^" in source
+
+
+@pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_read_kernel_reads_every_word_once():
+    """The XOR of the sinks is the XOR of the buffer, with a tail that fills no whole pass."""
+    import numpy as np
+    import torch
+
+    units, ctas = 3 * 8 * bench.READ_THREADS * bench.READ_UNROLL + 37, 8
+    words = torch.randint(-(2**31), 2**31 - 1, (units * bench.READ_VECTOR,), dtype=torch.int32, device="cuda")
+    sink = torch.empty(ctas * bench.READ_THREADS * bench.READ_VECTOR, dtype=torch.int32, device="cuda")
+    bench.compile_read_kernel(units, ctas, nv.device_arch(words.device))(words, sink)
+    got = np.bitwise_xor.reduce(sink.view(-1, bench.READ_VECTOR).cpu().numpy(), axis=0)
+    assert (got == np.bitwise_xor.reduce(words.view(-1, bench.READ_VECTOR).cpu().numpy(), axis=0)).all()
 
 
 def test_marlin_ratios_by_m_band():

@@ -129,10 +129,11 @@ def test_tuner_pads_decode_m_to_8_rows():
     assert {c.block_x for c in tune.candidates(32, 34816, 5120, "sm_90") if isinstance(c, wg.WgmmaConfig)} == {32}
 
 
-def test_tuner_offers_two_warpgroups_at_both_k_depths_above_128_rows():
-    """Above 128 rows: the deepest pipeline and stream-K per cover, 64 deep always and 128 deep
+def test_tuner_offers_two_warpgroups_at_both_k_depths_above_48_rows():
+    """Above 48 rows: the deepest pipeline and stream-K per cover, 64 deep always and 128 deep
     where four stages fit (up to 176 rows; with three they lost 1.4-3.3x, and 1.04x with a
-    producer); 304 rows: 64 deep only. Each with and without the producer warpgroup."""
+    producer); 304 rows: 64 deep only. Each with and without the producer warpgroup. Up to 128 rows
+    the one cover is the tight x block."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     two = {c for c in tune.candidates(144, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
@@ -143,7 +144,11 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_128_rows():
     assert all(c.block_k == 64 and c._replace(producer=not c.producer) in two for c in two)
     wide = {c for c in tune.candidates(304, 16384, 5120, "sm_90") if getattr(c, "block_x", 0) == 304}
     assert wide and all(c.block_k == 64 for c in wide)
-    assert not any(getattr(c, "warpgroups", 1) == 2 for c in tune.candidates(128, 16384, 5120, "sm_90"))
+    two = {c for c in tune.candidates(96, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
+    assert {c.block_x for c in two} == {96}
+    assert wg.WgmmaConfig(96, 64, wg.deepest_stages(96, ctas_per_sm=1), 1, True, 2, True) in two
+    assert sk.WgmmaStreamKConfig(96, 64, 4, 1, True, 2, True) in two
+    assert not any(getattr(c, "warpgroups", 1) == 2 for c in tune.candidates(48, 16384, 5120, "sm_90"))
 
 
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
