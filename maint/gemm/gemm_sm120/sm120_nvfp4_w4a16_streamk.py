@@ -533,13 +533,25 @@ STREAMK_DEEP_K_MAX_BLOCK_X = 64
 # at M = 17-64 on 34816x5120 (1.46) and 5120x17408 (1.65). At 6144x4096 (192 CTAs, 1.38) the split-K
 # kernel won M = 16, 32 and 56 by 4-10 % and lost M = 48 by 2 %.
 SMALL_M_STREAMK_MIN_IMBALANCE = 1.45
+# From SMALL_M, one warpgroup's stream-K becomes two consumer warpgroups (one m64 atom each of the same
+# x block) with a producer warpgroup, one CTA per SM, 128-deep k tiles. H200, 2026-11-30j: the
+# tuner's --twins on the dispatch's one-warpgroup stream-K at M = 72, 96, 128 (64-deep twins) won all
+# six cells of the untuned shapes it decides, 6144x4096 and 11008x4096, by 8-14 % (11008x4096 M =
+# 128: 30.1 us against 34.9); the tuner, offered them with 64- and 128-deep tiles at M = 64-128, took
+# the 128-deep one in all eight cells of 34816x5120 and 5120x17408 (5120x17408 M = 128: 43.4 against
+# 53.7 for the table's one-warpgroup stream-K). Below SMALL_M it lost 34816x5120 M = 16-48 by 4-15 %.
+# The untuned run after the change (results/h200_untuned_2026-11-30j.json, all verified) has 21 cells
+# where it decides, 11 of them above 128 rows (one warpgroup's 128-row x blocks, e.g. 4096x11008 M =
+# 384: 54.5 us against 64.4), and each ran faster than in the run before it: 0.78-0.94x.
+STREAMK_TWO_WARPGROUPS_MIN_M = hopper.SMALL_M
 
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
     """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
-    below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE), else the stream-K heuristic (which falls back
+    below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
+    consumer warpgroups and a producer), else the stream-K heuristic (which falls back
     to the example's). Other archs never get wgmma."""
     if arch == "sm_90":
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
@@ -554,11 +566,15 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
             min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
         else:
             return config  # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X)
-        if example.sm_imbalance(ctas, sm_count) >= min_imbalance and iterations >= MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
-            deep = config.warpgroups == 1 and config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X and k % hopper.DEEP_K == 0
-            block_k = hopper.DEEP_K if deep else config.block_k
-            return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, per_sm, config.tma_loads, config.warpgroups, config.producer)
-        return config
+        if example.sm_imbalance(ctas, sm_count) < min_imbalance or iterations < MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
+            return config
+        deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k
+        if config.warpgroups == 2:
+            return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, 1, True, 2, config.producer)
+        if m >= STREAMK_TWO_WARPGROUPS_MIN_M:
+            return WgmmaStreamKConfig(config.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
+        block_k = deep_k if config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X else config.block_k
+        return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, WGMMA_STREAMK_CTAS_PER_SM, config.tma_loads)
     return get_streamk_config(m, n, k, sm_count=sm_count)
 
 

@@ -79,7 +79,7 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # short at M = 16-32 (NOTES, 2026-11-30h). That one won 34816x5120 M = 32 by 2 % (44.3 us against
 # 45.2) and lost M = 24 by 2 % (2026-11-30i): more bytes in flight alone buy little there.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
-# Two warpgroups, above WGMMA_SMALL_M rows. Above 128 rows the one x block that covers M (up to 256)
+# Two warpgroups, above TWO_WARPGROUP_MIN_M rows. Above 128 rows the one x block that covers M (up to 256)
 # dequantizes the weights once where two blocks of 128 rows or less dequantize them twice. One H200
 # run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one
 # CTA per SM (registers allow no second): the deepest pipeline with no split, and stream-K. Splits
@@ -94,7 +94,10 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where the
 # table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96, 29.4
 # us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to split-K
-# on 5120x6144 (a producer allows no split).
+# on 5120x6144 (a producer allows no split). At M = 32 and 48 the same twins won 5-14 % on 16384x5120,
+# 14336x5120 and 5120x17408 and lost 34816x5120 (4-15 %) and 5120x6144 (split-K); at M = 16 they lost
+# both cells that had a wgmma base (34816x5120, 5120x6144).
+TWO_WARPGROUP_MIN_M = 16
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
 # the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
@@ -136,7 +139,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         deepest = hopper.deepest_stages(bx, streamk.ctas_per_sm, hopper.DEEP_K)
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
             out += [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
-    if m > WGMMA_SMALL_M:
+    if m > TWO_WARPGROUP_MIN_M:
         covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
         for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):
             for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
