@@ -153,9 +153,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (15-45; compiling is the tuner's cost): the dispatch's and both
-    heuristics' choices, the fragment kernel over every split with one or two k groups, stream-K over the
-    heuristic's tile, and on sm_90 the wgmma kernel (``wgmma_candidates``)."""
+    """Configs worth timing at this M (2-24 on sm_120, 22-60 on sm_90 over the default shapes;
+    compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
+    over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
+    wgmma kernel (``wgmma_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
