@@ -536,7 +536,7 @@ SMALL_M_STREAMK_MIN_IMBALANCE = 1.45
 # From SMALL_M, one warpgroup's stream-K becomes two consumer warpgroups (one m64 atom each of the same
 # x block) with a producer warpgroup, one CTA per SM, 128-deep k tiles. H200, 2026-11-30j: the
 # tuner's --twins on the dispatch's one-warpgroup stream-K at M = 72, 96, 128 (64-deep twins) won all
-# six cells of the untuned shapes it decides, 6144x4096 and 11008x4096, by 8-14 % (11008x4096 M =
+# six cells of the untuned shapes it decides, 6144x4096 and 11008x4096, by 8-15 % (11008x4096 M =
 # 128: 30.1 us against 34.9); the tuner, offered them with 64- and 128-deep tiles at M = 64-128, took
 # the 128-deep one in all eight cells of 34816x5120 and 5120x17408 (5120x17408 M = 128: 43.4 against
 # 53.7 for the table's one-warpgroup stream-K). Below SMALL_M it lost 34816x5120 M = 16-48 by 4-15 %.

@@ -95,7 +95,7 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96, 29.4
 # us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to split-K
 # on 5120x6144 (a producer allows no split). At M = 32 and 48 the same twins won 5-14 % on 16384x5120,
-# 14336x5120 and 5120x17408 and lost 34816x5120 (4-15 %) and 5120x6144 (split-K); at M = 16 they lost
+# 14336x5120 and 5120x17408 and lost 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost
 # both cells that had a wgmma base (34816x5120, 5120x6144).
 TWO_WARPGROUP_MIN_M = 16
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
