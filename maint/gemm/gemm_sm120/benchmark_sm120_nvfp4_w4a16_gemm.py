@@ -67,7 +67,7 @@ class Progress:
 # The read floor's kernel: every thread XORs 16-byte loads strided over the grid, READ_UNROLL of them
 # in flight. The fastest of eight variants on the H200 (2026-11-30j, 2 to 8 CTAs per SM of 256 or 512
 # threads, 2 or 8 loads in flight; all within 5 % of each other on 17.7-100 MB: 4.01 TB/s on 100 MB).
-READ_VECTOR = 4  # int32 per load
+READ_VECTOR = 4  # int32 per load: 16 bytes
 READ_THREADS = 256
 READ_CTAS_PER_SM = 4
 READ_UNROLL = 2
@@ -108,7 +108,7 @@ def compile_read_kernel(units: int, ctas: int, arch: str):
 
 def read_calls(nbytes: int, device: torch.device) -> list:
     """Calls that each read their own ``nbytes`` buffer (rotated like the weights) with the read kernel."""
-    units = math.ceil(nbytes / (4 * READ_VECTOR))
+    units = math.ceil(nbytes / (READ_VECTOR * 4))  # 16-byte words
     ctas = READ_CTAS_PER_SM * nv.sm_count(device)
     kernel = compile_read_kernel(units, ctas, nv.device_arch(device))
     sink = torch.empty(ctas * READ_THREADS * READ_VECTOR, dtype=torch.int32, device=device)
