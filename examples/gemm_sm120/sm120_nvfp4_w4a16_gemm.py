@@ -512,7 +512,7 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
 
-def split_k_exchange(n: int, split_k: int, acc_size: int):
+def split_k_exchange(n: int, split_k: int, acc_size: int, sync=None):
     """The deterministic split-K reduction the kernels of this family share, as a macro.
 
     ``exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
@@ -521,8 +521,12 @@ def split_k_exchange(n: int, split_k: int, acc_size: int):
     that takes the last ticket of ``tile`` reads every split back in split order (its own included),
     so the sum does not depend on arrival order, and resets the ticket for the next launch. After
     it, ``ticket[0] == split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``.
+    ``sync()`` emits the barrier of the threads that take part (thread 0 among them); by default
+    the whole CTA's.
     """
     import tilelang.language as T
+
+    sync = sync or T.sync_threads
 
     @T.macro
     def exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
@@ -530,10 +534,10 @@ def split_k_exchange(n: int, split_k: int, acc_size: int):
             if owner and row_of(q) < m:
                 partials[(split_index * m + row_of(q)) * n + col_of(q)] = acc[q]
         T.evaluate(T.call_extern("handle", "__threadfence"))
-        T.sync_threads()
+        sync()
         if tx == 0:
             ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
-        T.sync_threads()
+        sync()
         if ticket[0] == split_k - 1 and owner:
             T.evaluate(T.call_extern("handle", "__threadfence"))
             for q in T.unroll(acc_size):

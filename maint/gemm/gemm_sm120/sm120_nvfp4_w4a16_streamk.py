@@ -131,10 +131,7 @@ def streamk_cta_of(i, iterations, grid):
     return ((i + 1) * grid - 1) // iterations
 
 
-CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
-
-
-def streamk_fixup(acc_size: int, threads: int, k_tiles: int, cta_threads: Optional[int] = None):
+def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
     """The deterministic reduction of an output tile cut between stream-K CTAs, as a macro:
     ``fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store)``.
 
@@ -142,13 +139,12 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, cta_threads: Option
     partial slot 0 (its first tile) or 1 (its last). The CTA that takes the tile's last ticket sums
     every piece in CTA order, so the result does not depend on arrival order, hands the sum to
     ``store(acc)`` (a Python callable that emits the store) and resets the ticket for the next launch.
-    ``threads`` threads hold the pieces; where the CTA has more (``cta_threads``: a producer
-    warpgroup), they meet on a named barrier of their own.
+    ``threads`` threads hold the pieces; ``sync()`` emits their barrier (by default the whole CTA's;
+    see ``hopper.consumer_sync`` for a CTA with a producer warpgroup).
     """
     import tilelang.language as T
 
-    def sync():
-        return T.sync_threads() if cta_threads in (None, threads) else T.sync_threads(CONSUMER_BARRIER, threads)
+    sync = sync or T.sync_threads
 
     @T.macro
     def fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store):
@@ -309,7 +305,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
-    fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, threads)
+    fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, hopper.consumer_sync(pipe.consumer_threads, threads))
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 

@@ -94,7 +94,7 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where the
 # table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96, 29.4
 # us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to split-K
-# on 5120x6144 (a producer allows no split). At M = 32 and 48 the same twins won 5-14 % on 16384x5120,
+# on 5120x6144 (a producer allowed no split then; the tuner offers no split with one yet). At M = 32 and 48 the same twins won 5-14 % on 16384x5120,
 # 14336x5120 and 5120x17408 and lost 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost
 # both cells that had a wgmma base (34816x5120, 5120x6144).
 TWO_WARPGROUP_MIN_M = 16

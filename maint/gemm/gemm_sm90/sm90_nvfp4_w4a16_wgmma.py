@@ -109,7 +109,7 @@ class WgmmaConfig(NamedTuple):
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps), ``producer``: one more warpgroup issues the TMA
     loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
-    per k tile (see ``wgmma_pipeline``; needs ``tma_loads`` and no split). It pays with two
+    per k tile (see ``wgmma_pipeline``; needs ``tma_loads``). It pays with two
     consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one."""
 
     block_x: int = 64
@@ -428,14 +428,28 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: warpgroups must be 1 or 2, and 2 above {ONE_WARPGROUP_MAX_BLOCK_X} x rows")
     if config.stages < MIN_STAGES:
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
-    if config.producer and not (config.tma_loads and config.split_k == 1):
-        raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True and split_k=1")
+    if config.producer and not config.tma_loads:
+        raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
     a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
             f"config {config}: {acc_size} accumulators and {a_size} A registers per thread exceed {MAX_WGMMA_OPERAND_REGISTERS}, "
             "where ptxas serializes the wgmmas (a smaller block_x or block_k, or two warpgroups)"
         )
+
+
+CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
+
+
+def consumer_sync(consumer_threads: int, threads: int):
+    """A callable that emits the barrier of the threads holding accumulators, for the split-K and
+    stream-K reductions: ``__syncthreads`` or, where the CTA has more threads (a producer warpgroup,
+    which never reaches the reduction), the consumers' named barrier."""
+    import tilelang.language as T
+
+    if consumer_threads == threads:
+        return T.sync_threads
+    return lambda: T.sync_threads(CONSUMER_BARRIER, consumer_threads)
 
 
 class WgmmaPipeline(NamedTuple):
@@ -715,7 +729,8 @@ def wgmma_pipeline(
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)): each
-    CTA runs one ``wgmma_pipeline`` segment over its split's k tiles, then stores or exchanges."""
+    CTA runs one ``wgmma_pipeline`` segment over its split's k tiles (with a producer: the producer
+    loads them, the consumers run them), then stores or exchanges."""
     import tilelang.language as T
 
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
@@ -723,10 +738,21 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
-    exchange = example.split_k_exchange(n, split_k, acc_size)
+    exchange = example.split_k_exchange(n, split_k, acc_size, consumer_sync(pipe.consumer_threads, threads))
     store = example.scaled_store(acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
+
+    @T.macro
+    def finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, tile, split_index, tx):
+        """The consumers' result: stored, or exchanged and stored by the split's last CTA."""
+        if split_k == 1:
+            store(acc, row_of, col_of, y, alpha_x128, M)
+        else:
+            ticket = T.alloc_shared((1,), T.int32)
+            exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, M, tx, True)
+            if ticket[0] == split_k - 1:
+                store(acc, row_of, col_of, y, alpha_x128, M)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -745,23 +771,18 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             warp = tx // 32
             row_of = lambda q: x_row(q, bm, lane)  # noqa: E731
             col_of = lambda q: w_row(q, bn, lane, warp)  # noqa: E731
-            if config.producer:  # no split (check_wgmma_config): the consumers store, the producer is done
+            kt0 = bk_index * k_tiles
+            if config.producer:  # the producer is done after its last load; the consumers finish
                 if tx >= pipe.consumer_threads:
                     T.set_max_nreg(PRODUCER_REGISTERS, 0)
-                    pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, 0, 0, bm, bn, M, tx)
+                    pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, kt0, 0, bm, bn, M, tx)
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
-                    pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, 0, 0, bm, bn, M, tx)
-                    store(acc, row_of, col_of, y, alpha_x128, M)
+                    pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
+                    finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, bm * (n // rows) + bn, bk_index, tx)
             else:
-                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, bk_index * k_tiles, 0, bm, bn, M, tx)
-                if split_k == 1:
-                    store(acc, row_of, col_of, y, alpha_x128, M)
-                else:
-                    ticket = T.alloc_shared((1,), T.int32)
-                    exchange(acc, row_of, col_of, partials, tickets, ticket, bm * (n // rows) + bn, bk_index, M, tx, True)
-                    if ticket[0] == split_k - 1:
-                        store(acc, row_of, col_of, y, alpha_x128, M)
+                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
+                finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, bm * (n // rows) + bn, bk_index, tx)
 
     return nvfp4_w4a16_wgmma
 

@@ -183,7 +183,6 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(block_x=104, block_k=128, stages=3),  # 104 accumulators + 128 A registers: ptxas serializes
         wg.WgmmaConfig(block_x=128, block_k=128, stages=3),
         wg.WgmmaConfig(256, tma_loads=False, warpgroups=2, producer=True),  # a producer issues TMA only
-        wg.WgmmaConfig(256, split_k=2, tma_loads=True, warpgroups=2, producer=True),  # ... with no split
         wg.WgmmaConfig(256, tma_loads=True, warpgroups=2, producer=1),
     ],
 )
@@ -520,14 +519,17 @@ REFERENCE_CASES = [
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
-# A producer warpgroup (TMA, two consumer warpgroups, no split): stage reuse over many fills, a single
-# fill per stage, two wgmmas per k16 step, 128-deep tiles, a partial second x block.
+# A producer warpgroup (TMA, two consumer warpgroups): stage reuse over many fills, a single fill per
+# stage, two wgmmas per k16 step, 128-deep tiles, a partial second x block, split-K.
 PRODUCER_CASES = [
     (144, 5120, 6144, wg.WgmmaConfig(144, 64, 4, 1, True, 2, True)),  # 96 k tiles through 4 stages
     (150, 640, 512, wg.WgmmaConfig(160, 64, 8, 1, True, 2, True)),  # 8 k tiles: one fill per stage
     (300, 5120, 6144, wg.WgmmaConfig(304, 64, 5, 1, True, 2, True)),
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, 1, True, 2, True)),
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, 1, True, 2, True)),
+    # split-K: the consumers exchange on their named barrier; the producer loads its split's k tiles
+    (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True)),  # 16 k tiles per split
+    (70, 640, 2304, wg.WgmmaConfig(80, 64, 4, 4, True, 1, True)),  # one consumer warpgroup, 9 k tiles per split
     # stream-K: the producer walks the consumers' segments; pieces meet on the consumers' named barrier
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)),  # 40 tiles over 132 CTAs: every tile cut
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, True, 2, True)),
@@ -758,7 +760,7 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[6:8]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:9]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA launches with the registers its PRODUCER_CTAS_PER_SM share of
     an SM allows; setmaxnreg moves the producer's to the consumers, and ptxas compiles their path
