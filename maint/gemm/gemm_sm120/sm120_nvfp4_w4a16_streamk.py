@@ -302,7 +302,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer)
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, hopper.consumer_sync(pipe.consumer_threads, threads))
@@ -401,7 +401,7 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     """The wgmma kernel's checks on the segment config, plus ``ctas_per_sm`` CTAs fitting one SM."""
     example.check_config(config, n, k, CONFIG_TYPES)
     try:
-        hopper.check_wgmma_config(config.segment_config(), n, k)
+        hopper.check_wgmma_config(config.segment_config(), n, k, ctas_per_sm=config.ctas_per_sm)
     except ValueError as e:
         raise ValueError(f"config {config}: {e}") from None
     per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
@@ -410,10 +410,6 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
         # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
         raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")
-    if config.producer and config.ctas_per_sm > hopper.PRODUCER_CTAS_PER_SM[config.warpgroups]:
-        raise ValueError(
-            f"config {config}: with a producer warpgroup, ctas_per_sm is at most {hopper.PRODUCER_CTAS_PER_SM[config.warpgroups]} (registers)"
-        )
 
 
 def compile_wgmma_streamk(n: int, k: int, config: WgmmaStreamKConfig):

@@ -51,20 +51,40 @@ MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 # With a producer warpgroup (``WgmmaConfig.producer``) setmaxnreg re-divides a CTA's registers: the
 # producer, which only waits and issues TMA, keeps PRODUCER_REGISTERS per thread and the consumers
-# take the rest of the SM's 64K. Two consumer warpgroups, one CTA per SM: 256 x 232 + 128 x 40 =
-# 64,512. One consumer warpgroup, two CTAs per SM (as without a producer): 2 x 128 x (216 + 40) =
-# 65,536.
+# take the rest of their CTA's share of the SM's 64K (``consumer_registers``). By default two
+# consumer warpgroups take one CTA per SM, 256 x 232 + 128 x 40 = 64,512, and one takes two, as
+# without a producer: 2 x 128 x (216 + 40) = 65,536. Stream-K's ``ctas_per_sm`` may ask more where
+# the operands fit (``producer_ctas_per_sm``).
+SM_REGISTERS = 64 * 1024
 PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = {2: 232, 1: 216}  # by consumer warpgroups
-PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}
+DEFAULT_PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}  # by consumer warpgroups
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
 # registers (see ``operand_sizes``). Past this ptxas serializes every wgmma (warning C7512): correct,
 # but nothing overlaps. One warpgroup with 128-deep k tiles did at 104 x rows (104 + 128), not at 96.
 MAX_WGMMA_OPERAND_REGISTERS = 224
+# Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
+# consumer thread 104 registers (``consumer_registers(2, 2)``): ptxas (2026-11-30j) kept the wgmmas
+# asynchronous, without spills, up to 72 operand registers (x blocks of up to 80 rows with 64-deep k
+# tiles, 16 rows with 128-deep ones) and serialized them at 80 (32 rows, 128-deep).
+SHARED_SM_PRODUCER_MAX_OPERANDS = 72
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
+
+
+def consumer_registers(warpgroups: int, ctas_per_sm: int) -> int:
+    """What setmaxnreg gives a consumer thread of a CTA with a producer warpgroup, ``ctas_per_sm`` of
+    them per SM: their share of the SM's registers less the producer's, in setmaxnreg's steps of 8."""
+    per_cta = SM_REGISTERS // ctas_per_sm - WARPGROUP_THREADS * PRODUCER_REGISTERS
+    return per_cta // (WARPGROUP_THREADS * warpgroups) // 8 * 8
+
+
+def producer_ctas_per_sm(warpgroups: int, ctas_per_sm: int = 1) -> int:
+    """The CTAs per SM a kernel with a producer warpgroup launches for (its registers follow): the
+    default for its consumer warpgroups, or more where a stream-K config asks (two consumer
+    warpgroups: two, see SHARED_SM_PRODUCER_MAX_OPERANDS)."""
+    return max(ctas_per_sm, DEFAULT_PRODUCER_CTAS_PER_SM[warpgroups])
 
 
 def x_swizzled(r, c):
@@ -418,7 +438,9 @@ def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     return narrow if wgmma_ctas(narrow, m, n) > wgmma_ctas(tight, m, n) else tight
 
 
-def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaConfig,)) -> None:
+def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaConfig,), ctas_per_sm: int = 1) -> None:
+    """The example's checks with this kernel's limits; ``ctas_per_sm``: those a stream-K config asks
+    (with a producer they set the consumers' registers)."""
     example.check_config(config, n, k, config_types)
     if config.block_k not in (SWIZZLE_K, 2 * SWIZZLE_K):
         raise ValueError(f"config {config}: block_k must be {SWIZZLE_K} or {2 * SWIZZLE_K} (one or two 128-byte swizzled rows)")
@@ -436,6 +458,13 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             f"config {config}: {acc_size} accumulators and {a_size} A registers per thread exceed {MAX_WGMMA_OPERAND_REGISTERS}, "
             "where ptxas serializes the wgmmas (a smaller block_x or block_k, or two warpgroups)"
         )
+    wgs = config.warpgroups
+    if config.producer and producer_ctas_per_sm(wgs, ctas_per_sm) > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
+        if (wgs, ctas_per_sm) != (2, 2) or acc_size + a_size > SHARED_SM_PRODUCER_MAX_OPERANDS:
+            raise ValueError(
+                f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM fit only with two consumer warpgroups, "
+                f"two CTAs and at most {SHARED_SM_PRODUCER_MAX_OPERANDS} wgmma operand registers (here {acc_size + a_size})"
+            )
 
 
 CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
@@ -484,9 +513,10 @@ def empty_parity(i, stages: int):
 
 
 def wgmma_pipeline(
-    block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K, producer: bool = False
+    block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K, producer: bool = False, ctas_per_sm: int = 1
 ) -> WgmmaPipeline:
-    """The pipeline, as TileLang macros.
+    """The pipeline, as TileLang macros (with a ``producer``, for ``producer_ctas_per_sm(warpgroups,
+    ctas_per_sm)`` CTAs per SM).
 
     ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; with a
     producer, ``empty`` ones too; None otherwise) and the registers and points the wgmma descriptor at
@@ -529,6 +559,7 @@ def wgmma_pipeline(
     n_chunks = [(j, min(WGMMA_MAX_N, bx - j)) for j in range(0, bx, WGMMA_MAX_N)]  # (first x row, wgmma N)
     consumer_threads = WARPGROUP_THREADS * wgs
     threads = consumer_threads + WARPGROUP_THREADS * producer
+    producer_ctas = producer_ctas_per_sm(wgs, ctas_per_sm)
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     a_size, acc_size = operand_sizes(bx, bk, wgs)
@@ -663,8 +694,8 @@ def wgmma_pipeline(
 
     @T.macro
     def setup():
-        if producer:  # launch with the registers PRODUCER_CTAS_PER_SM CTAs share; setmaxnreg re-divides them
-            T.annotate_min_blocks_per_sm(PRODUCER_CTAS_PER_SM[wgs])
+        if producer:  # launch with the registers these CTAs share; setmaxnreg re-divides them
+            T.annotate_min_blocks_per_sm(producer_ctas)
         x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
         scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
@@ -724,7 +755,8 @@ def wgmma_pipeline(
         accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx)
         T.mbarrier_arrive(empty[(base + count - 1) % stages])  # the last tile's stage: no k tile after it releases it
 
-    return WgmmaPipeline(acc_size, threads, consumer_threads, CONSUMER_REGISTERS[wgs], x_row, w_row, setup, segment, produce, consume)
+    registers = consumer_registers(wgs, producer_ctas)
+    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, x_row, w_row, setup, segment, produce, consume)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):

@@ -538,6 +538,10 @@ PRODUCER_CASES = [
     (200, 5120, 6144, wg.WgmmaConfig(128, 64, 4, 1, True, 1, True)),
     (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True, 1, True)),
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 1, True)),  # 5 tiles x 36 k tiles over 264 CTAs
+    # two consumer warpgroups and a producer, two CTAs per SM (104 registers per consumer thread)
+    (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True)),
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 2, True)),  # the most operands that fit: 72
+    (16, 34816, 5120, sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True)),
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -760,22 +764,31 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:9]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:9] + PRODUCER_CASES[-3:]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
-    """With a producer warpgroup the CTA launches with the registers its PRODUCER_CTAS_PER_SM share of
-    an SM allows; setmaxnreg moves the producer's to the consumers, and ptxas compiles their path
-    within that, unserialized and without spills (the one-warpgroup 128-row kernel used 218 registers
-    without a producer, 216 are its consumers' share)."""
+    """With a producer warpgroup the CTA launches with the registers its share of an SM allows
+    (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
+    compiles their path within that, unserialized and without spills (the one-warpgroup 128-row
+    kernel used 218 registers without a producer, 216 are its consumers' share; two two-warpgroup
+    CTAs per SM leave 104)."""
     wgs = config.warpgroups
+    ctas = wg.producer_ctas_per_sm(wgs, getattr(config, "ctas_per_sm", 1))
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
-    assert f"warpgroup_reg_alloc<{wg.CONSUMER_REGISTERS[wgs]}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
+    assert f"warpgroup_reg_alloc<{wg.consumer_registers(wgs, ctas)}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
     threads = wg.WARPGROUP_THREADS * (wgs + 1)
-    assert f"__launch_bounds__({threads}, {wg.PRODUCER_CTAS_PER_SM[wgs]})" in source
-    assert "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # stream-K: named barriers
+    assert f"__launch_bounds__({threads}, {ctas})" in source
+    assert "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # split-K and stream-K: named barriers
     assert " 0 bytes spill stores" in report and "C7513" not in report and "serialized" not in report, report
-    for consumers, ctas in wg.PRODUCER_CTAS_PER_SM.items():
-        assert ctas * wg.WARPGROUP_THREADS * (consumers * wg.CONSUMER_REGISTERS[consumers] + wg.PRODUCER_REGISTERS) <= 64 * 1024
+
+
+def test_consumer_registers_fill_the_sm():
+    """The consumers' registers per CTA count (setmaxnreg's steps of 8), and what the CTAs take."""
+    assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 104]
+    for consumers, ctas in ((2, 1), (1, 2), (2, 2)):
+        used = ctas * wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas) + wg.PRODUCER_REGISTERS)
+        assert 64 * 1024 - 8 * ctas * wg.WARPGROUP_THREADS * consumers < used <= 64 * 1024
+    assert wg.producer_ctas_per_sm(1, 1) == 2 and wg.producer_ctas_per_sm(2, 1) == 1 and wg.producer_ctas_per_sm(2, 2) == 2
 
 
 def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
@@ -799,8 +812,10 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(block_k=128),
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
-        sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True),  # two consumer warpgroups and a producer take a whole SM
-        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: half of one
+        sk.WgmmaStreamKConfig(96, 64, 4, 2, True, 2, True),  # two such CTAs per SM: 80 operand registers of 104
+        sk.WgmmaStreamKConfig(32, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
+        sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
+        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
     ],
 )
 def test_streamk_bad_configs(config):
