@@ -79,24 +79,25 @@ WGMMA_BLOCK_X = (64, 128)  # beside the heuristic's tight x block: more CTAs per
 # short at M = 16-32 (NOTES, 2026-11-30h). That one won 34816x5120 M = 32 by 2 % (44.3 us against
 # 45.2) and lost M = 24 by 2 % (2026-11-30i): more bytes in flight alone buy little there.
 WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
-# Two warpgroups, above TWO_WARPGROUP_MIN_M rows. Above 128 rows the one x block that covers M (up to 256)
-# dequantizes the weights once where two blocks of 128 rows or less dequantize them twice. One H200
-# run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with these two, one
-# CTA per SM (registers allow no second): the deepest pipeline with no split, and stream-K. Splits
-# of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one wgmma N (256), and
-# of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones won M = 272 and 304
-# on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
+# Two warpgroups, above TWO_WARPGROUP_MIN_M rows. Above 128 rows the one x block that covers M (up
+# to 256) dequantizes the weights once where two blocks of 128 rows or less dequantize them twice.
+# One H200 run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with
+# these two, one CTA per SM (registers allow no second): the deepest pipeline with no split, and
+# stream-K. Splits of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one
+# wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
+# won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
 # Each with and without the producer warpgroup: with it they won every cell of the twins at M =
 # 144-832 (hopper.TWO_WARPGROUP_PRODUCER), but a tuning that offered only the producer ones lost
 # 34816x5120 M = 1024 (its stream-K at 256 rows: 616.8 us, where the same config without a producer
 # ran 515 in the 2026-11-30h benchmark; H200, 2026-11-30i).
 # Up to 128 rows the two warpgroups take one m64 atom each of the same x block: without a producer
-# they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where the
-# table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96, 29.4
-# us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to split-K
-# on 5120x6144 (a producer allowed no split then; the tuner offers no split with one yet). At M = 32 and 48 the same twins won 5-14 % on 16384x5120,
-# 14336x5120 and 5120x17408 and lost 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost
-# both cells that had a wgmma base (34816x5120, 5120x6144).
+# they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where
+# the table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96,
+# 29.4 us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to
+# split-K on 5120x6144 (a producer allowed no split then; the tuner offers no split with one yet).
+# At M = 32 and 48 the same twins won 5-14 % on 16384x5120, 14336x5120 and 5120x17408 and lost
+# 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost both cells that had a wgmma base
+# (34816x5120, 5120x6144).
 TWO_WARPGROUP_MIN_M = 16
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
 # the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
