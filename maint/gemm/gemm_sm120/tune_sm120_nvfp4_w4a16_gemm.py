@@ -83,7 +83,8 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # to 256) dequantizes the weights once where two blocks of 128 rows or less dequantize them twice.
 # One H200 run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with
 # these two, one CTA per SM (registers allow no second): the deepest pipeline with no split, and
-# stream-K. Splits of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one
+# stream-K (4 stages, and the deepest pipeline: at 32 rows, 8 stages of 128-deep tiles ran 5120x17408
+# in 26.4 us against 29.5 with 4; H200, 2026-11-30k). Splits of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one
 # wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
 # won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
 # Each with and without the producer warpgroup: with it they won every cell of the twins at M =
@@ -147,9 +148,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 stages = hopper.deepest_stages(bx, ctas_per_sm=1, block_k=bk)
                 if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
                     continue
-                streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, stages=min(WGMMA_STREAMK.stages, stages), ctas_per_sm=1, tma_loads=True, warpgroups=2)
+                streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, ctas_per_sm=1, tma_loads=True, warpgroups=2)
+                streamks = [streamk._replace(stages=st) for st in sorted({min(WGMMA_STREAMK.stages, stages), stages})]
                 unsplit = W(bx, stages, 1, 2, bk=bk)._replace(tma_loads=True)  # the producer needs TMA, at any x block
-                out += [c._replace(producer=producer) for c in (unsplit, streamk) for producer in (False, True)]
+                out += [c._replace(producer=producer) for c in (unsplit, *streamks) for producer in (False, True)]
     return out
 
 

@@ -51,11 +51,15 @@ MAX_BLOCK_X = 320
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 # With a producer warpgroup (``WgmmaConfig.producer``) setmaxnreg re-divides a CTA's registers: the
 # producer, which only waits and issues TMA, keeps PRODUCER_REGISTERS per thread and the consumers
-# take the rest of their CTA's share of the SM's 64K (``consumer_registers``). By default two
-# consumer warpgroups take one CTA per SM, 256 x 232 + 128 x 40 = 64,512, and one takes two, as
-# without a producer: 2 x 128 x (216 + 40) = 65,536. Stream-K's ``ctas_per_sm`` may ask more where
-# the operands fit (``producer_ctas_per_sm``).
+# take the rest of what the CTA was launched with (``consumer_registers``). setmaxnreg.inc waits
+# until the CTA's own pool holds the registers it asks for, so asking more than the launch gave
+# hangs the kernel (two CTAs per SM of two consumer warpgroups at 104 did, H200 2026-11-30k). The
+# launch gives each thread the SM's 64K over the threads of the CTAs per SM, rounded down to the
+# allocation step of 8: one CTA of two consumer warpgroups 168 per thread, so 256 x 232 + 128 x 40
+# = 384 x 168; two CTAs of one 128, so 128 x 216 + 128 x 40 = 256 x 128. Stream-K's ``ctas_per_sm``
+# may ask more CTAs where the operands fit (``producer_ctas_per_sm``).
 SM_REGISTERS = 64 * 1024
+REGISTER_STEP = 8  # registers per thread are allocated, and setmaxnreg moves them, in steps of 8
 PRODUCER_REGISTERS = 40
 DEFAULT_PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}  # by consumer warpgroups
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
@@ -63,21 +67,29 @@ DEFAULT_PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}  # by consumer warpgroups
 # but nothing overlaps. One warpgroup with 128-deep k tiles did at 104 x rows (104 + 128), not at 96.
 MAX_WGMMA_OPERAND_REGISTERS = 224
 # Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
-# consumer thread 104 registers (``consumer_registers(2, 2)``): ptxas (2026-11-30j) kept the wgmmas
-# asynchronous, without spills, up to 72 operand registers (x blocks of up to 80 rows with 64-deep k
-# tiles, 16 rows with 128-deep ones) and serialized them at 80 (32 rows, 128-deep).
-SHARED_SM_PRODUCER_MAX_OPERANDS = 72
+# consumer thread 96 registers (``consumer_registers(2, 2)``): ptxas (2026-11-30k) kept the wgmmas
+# asynchronous, without spills, up to 64 operand registers (x blocks of up to 64 rows with 64-deep
+# k tiles) and serialized them at 72 (80 rows, or 16 rows with 128-deep k tiles).
+SHARED_SM_PRODUCER_MAX_OPERANDS = 64
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
 
 
+def launch_registers(warpgroups: int, ctas_per_sm: int) -> int:
+    """Registers per thread a CTA of ``warpgroups`` consumer warpgroups and a producer launches
+    with, ``ctas_per_sm`` of them per SM (``__launch_bounds__``)."""
+    threads = WARPGROUP_THREADS * (warpgroups + 1)
+    return SM_REGISTERS // (ctas_per_sm * threads) // REGISTER_STEP * REGISTER_STEP
+
+
 def consumer_registers(warpgroups: int, ctas_per_sm: int) -> int:
-    """What setmaxnreg gives a consumer thread of a CTA with a producer warpgroup, ``ctas_per_sm`` of
-    them per SM: their share of the SM's registers less the producer's, in setmaxnreg's steps of 8."""
-    per_cta = SM_REGISTERS // ctas_per_sm - WARPGROUP_THREADS * PRODUCER_REGISTERS
-    return per_cta // (WARPGROUP_THREADS * warpgroups) // 8 * 8
+    """What setmaxnreg gives a consumer thread: the CTA's launch pool less the producer's share,
+    in steps of REGISTER_STEP."""
+    pool = launch_registers(warpgroups, ctas_per_sm) * WARPGROUP_THREADS * (warpgroups + 1)
+    per_thread = (pool - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * warpgroups)
+    return per_thread // REGISTER_STEP * REGISTER_STEP
 
 
 def producer_ctas_per_sm(warpgroups: int, ctas_per_sm: int = 1) -> int:

@@ -538,10 +538,10 @@ PRODUCER_CASES = [
     (200, 5120, 6144, wg.WgmmaConfig(128, 64, 4, 1, True, 1, True)),
     (256, 5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True, 1, True)),
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 1, True)),  # 5 tiles x 36 k tiles over 264 CTAs
-    # two consumer warpgroups and a producer, two CTAs per SM (104 registers per consumer thread)
+    # two consumer warpgroups and a producer, two CTAs per SM (96 registers per consumer thread)
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True)),
-    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 2, True)),  # the most operands that fit: 72
-    (16, 34816, 5120, sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True)),
+    (70, 640, 2304, sk.WgmmaStreamKConfig(64, 64, 4, 2, True, 2, True)),  # the most operands that fit: 64
+    (16, 34816, 5120, sk.WgmmaStreamKConfig(16, 64, 8, 2, True, 2, True)),
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -770,7 +770,7 @@ def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
     compiles their path within that, unserialized and without spills (the one-warpgroup 128-row
     kernel used 218 registers without a producer, 216 are its consumers' share; two two-warpgroup
-    CTAs per SM leave 104)."""
+    CTAs per SM leave 96)."""
     wgs = config.warpgroups
     ctas = wg.producer_ctas_per_sm(wgs, getattr(config, "ctas_per_sm", 1))
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
@@ -782,12 +782,16 @@ def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     assert " 0 bytes spill stores" in report and "C7513" not in report and "serialized" not in report, report
 
 
-def test_consumer_registers_fill_the_sm():
-    """The consumers' registers per CTA count (setmaxnreg's steps of 8), and what the CTAs take."""
-    assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 104]
+def test_consumer_registers_fit_the_launch_pool():
+    """setmaxnreg.inc waits until the CTA's own pool holds what it asks for, so the producer's and
+    the consumers' registers must fit what the CTA launched with, or the kernel hangs (two CTAs of
+    two consumer warpgroups at 104 did on the H200); and the launch must fit the SM."""
+    assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 96]
     for consumers, ctas in ((2, 1), (1, 2), (2, 2)):
-        used = ctas * wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas) + wg.PRODUCER_REGISTERS)
-        assert 64 * 1024 - 8 * ctas * wg.WARPGROUP_THREADS * consumers < used <= 64 * 1024
+        threads = wg.WARPGROUP_THREADS * (consumers + 1)
+        pool = wg.launch_registers(consumers, ctas) * threads
+        used = wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas) + wg.PRODUCER_REGISTERS)
+        assert pool - wg.REGISTER_STEP * wg.WARPGROUP_THREADS * consumers < used <= pool and ctas * pool <= wg.SM_REGISTERS
     assert wg.producer_ctas_per_sm(1, 1) == 2 and wg.producer_ctas_per_sm(2, 1) == 1 and wg.producer_ctas_per_sm(2, 2) == 2
 
 
@@ -812,8 +816,8 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(block_k=128),
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=2, warpgroups=2),  # two warpgroups' registers fill an SM
         sk.WgmmaStreamKConfig(block_x=256, ctas_per_sm=1),  # over 128 rows needs two warpgroups
-        sk.WgmmaStreamKConfig(96, 64, 4, 2, True, 2, True),  # two such CTAs per SM: 80 operand registers of 104
-        sk.WgmmaStreamKConfig(32, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
+        sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 2, True),  # two such CTAs per SM: 72 operand registers of 96
+        sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
         sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
         sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
     ],
