@@ -111,6 +111,10 @@ TWO_WARPGROUP_MIN_M = 16
 # tuning, 60 cells at M = 192-1024: 1.04x their 64-deep twins' time on geometric mean, 0.94-1.15x),
 # so the floor stays.
 WGMMA_DEEP_K_MIN_STAGES = 4
+# Split-K on two consumer warpgroups and a producer, 128-deep k tiles, at M <= WGMMA_SMALL_M: on
+# 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
+# one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k).
+SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -129,6 +133,9 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
+        two_warpgroup_block_x = -(-tight.block_x // (2 * hopper.X_BLOCK_STEP)) * 2 * hopper.X_BLOCK_STEP  # 8 x rows per warpgroup
+        split_producer = W(two_warpgroup_block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
+        out += [split_producer._replace(split_k=split) for split in WGMMA_SPLITS]
     else:
         out = [tight]
         blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))
@@ -156,7 +163,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-24 on sm_120, 22-60 on sm_90 over the default shapes;
+    """Configs worth timing at this M (2-24 on sm_120, 22-65 on sm_90 over the default shapes;
     compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
     over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
     wgmma kernel (``wgmma_candidates``)."""

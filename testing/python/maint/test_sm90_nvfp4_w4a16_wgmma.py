@@ -148,8 +148,25 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert {c.block_x for c in two} == {96}
     assert wg.WgmmaConfig(96, 64, wg.deepest_stages(96, ctas_per_sm=1), 1, True, 2, True) in two
     assert sk.WgmmaStreamKConfig(96, 64, 4, 1, True, 2, True) in two
+    # stream-K also with the deepest pipeline one CTA holds (2026-11-30k)
+    assert sk.WgmmaStreamKConfig(96, 128, wg.deepest_stages(96, ctas_per_sm=1, block_k=128), 1, True, 2, True) in two
     assert {c.block_x for c in tune.candidates(32, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2} == {32}
-    assert not any(getattr(c, "warpgroups", 1) == 2 for c in tune.candidates(16, 16384, 5120, "sm_90"))
+    # At 16 rows and fewer, only split-K with a producer (below).
+    assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
+
+
+@pytest.mark.parametrize("m, block_x", [(1, 16), (16, 16), (24, 32), (48, 48), (64, None)])
+def test_tuner_offers_split_k_with_a_producer_up_to_48_rows(m, block_x):
+    """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
+    K's k tiles (5120x6144: 48 of them), at an x block of 8 rows per warpgroup or more; none above
+    ``WGMMA_SMALL_M``."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
+    if block_x is None:
+        assert not split
+    else:
+        assert split == {wg.WgmmaConfig(block_x, 128, tune.SPLIT_PRODUCER_STAGES, s, True, 2, True) for s in tune.WGMMA_SPLITS}
 
 
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
