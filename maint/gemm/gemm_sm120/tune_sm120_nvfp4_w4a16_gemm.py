@@ -53,6 +53,12 @@ FRAG_DEEP_K_STAGES = 3
 # fits. So at M <= 16 the tuner also times shallower (block_k, stages) pairs: on sm_120 they fit
 # 2-4 CTAs per SM, on the H200 block_k 64 fits six (registers allow six at 80 per thread).
 FRAG_OCCUPANCY_SHAPES = ((128, 3), (64, 4), (64, 3))
+# Where 128-row weight tiles number fewer than the SMs (N = 5120: 40), the M <= 16 tile is also
+# offered 64 rows wide (two warps per CTA), over every split: the same CTA count with half the
+# split, so each CTA streams twice the k tiles through its pipeline (5120x17408 and 5120x6144 run
+# at 0.49-0.59 of the read floor at M <= 32, split 3-8, the furthest of the five shapes; H200,
+# 2026-11-30k). Not yet timed.
+FRAG_NARROW_N = 64
 STREAMK_CTAS_PER_SM = (1, 2)
 # The wgmma kernel at every M. At M <= 48 its x block is small and its CTAs light, and what wins
 # is a deeper pipeline and a split the example's heuristic does not pick: one H200 sweep
@@ -163,7 +169,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-24 on sm_120, 22-65 on sm_90 over the default shapes;
+    """Configs worth timing at this M (2-28 on sm_120, 22-69 on sm_90 over the default shapes;
     compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
     over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
     wgmma kernel (``wgmma_candidates``)."""
@@ -177,6 +183,8 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=split, warps_k=wk) for split in FRAG_SPLITS for wk in FRAG_WARPS_K]
         if s.block_m == 16:
             out += [heuristic._replace(block_k=FRAG_DEEP_K, stages=FRAG_DEEP_K_STAGES, split_k=split) for split in FRAG_SPLITS]
+        if s.block_m == 16 and n // s.block_n < sm_count:
+            out += [heuristic._replace(block_n=FRAG_NARROW_N, split_k=split) for split in FRAG_SPLITS]
         if s.block_m == 16 or ctas_per_sm(heuristic, arch) < 2:
             out += [heuristic._replace(block_k=bk, stages=st, split_k=split) for bk, st in FRAG_OCCUPANCY_SHAPES for split in FRAG_SPLITS]
         if s.block_m >= maint.STREAMK_MIN_BLOCK_M:

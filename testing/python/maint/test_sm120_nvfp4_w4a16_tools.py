@@ -106,6 +106,19 @@ def test_tuner_candidates_fit(arch, m):
             assert tune.fits(c, n, k, arch)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_tuner_offers_narrow_fragment_tiles_where_tiles_are_fewer_than_sms(arch):
+    """At M <= 16, 64-row weight tiles over every split where 128-row ones number fewer than the
+    SMs (N = 5120: 40); not on 34816x5120 (272 tiles), nor above 16 rows."""
+    for n, k, offered in [(5120, 17408, True), (5120, 6144, True), (34816, 5120, False)]:
+        for m in (1, 16, 17):
+            narrow = {c for c in tune.candidates(m, n, k, arch) if isinstance(c, nv.FragConfig) and c.block_n == tune.FRAG_NARROW_N}
+            if offered and m <= 16:
+                assert {c.split_k for c in narrow} == set(tune.FRAG_SPLITS)
+            else:
+                assert not narrow
+
+
 def test_tuner_offers_fragment_tiles_that_fit_more_ctas_per_sm():
     """The heuristic's M = 1 tile (53 KB) leaves one CTA per sm_120 SM (100 KB) and four per H200 SM
     (228 KB), latency-bound at both; at M <= 16 the tuner also offers tiles of which more fit: two or
