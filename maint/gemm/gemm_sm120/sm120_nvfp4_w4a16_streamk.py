@@ -305,7 +305,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
     store = example.scaled_store(pipe.acc_size)
-    fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, hopper.consumer_sync(pipe.consumer_threads, threads))
+    fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 

@@ -501,6 +501,7 @@ class WgmmaPipeline(NamedTuple):
     threads: int
     consumer_threads: int
     consumer_registers: int  # with a producer: what setmaxnreg gives each consumer thread
+    sync_consumers: object  # the barrier of the split-K and stream-K reductions (``consumer_sync``)
     x_row: object
     w_row: object
     setup: object
@@ -768,7 +769,8 @@ def wgmma_pipeline(
         T.mbarrier_arrive(empty[(base + count - 1) % stages])  # the last tile's stage: no k tile after it releases it
 
     registers = consumer_registers(wgs, producer_ctas)
-    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, x_row, w_row, setup, segment, produce, consume)
+    sync_consumers = consumer_sync(consumer_threads, threads)
+    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, sync_consumers, x_row, w_row, setup, segment, produce, consume)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -782,7 +784,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
-    exchange = example.split_k_exchange(n, split_k, acc_size, consumer_sync(pipe.consumer_threads, threads))
+    exchange = example.split_k_exchange(n, split_k, acc_size, pipe.sync_consumers)
     store = example.scaled_store(acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
