@@ -89,8 +89,9 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # to 256) dequantizes the weights once where two blocks of 128 rows or less dequantize them twice.
 # One H200 run (2026-11-30, four shapes, M = 144-1024, against the tuned table) won 2-14 % with
 # these two, one CTA per SM (registers allow no second): the deepest pipeline with no split, and
-# stream-K (4 stages, and the deepest pipeline: at 32 rows, 8 stages of 128-deep tiles ran 5120x17408
-# in 26.4 us against 29.5 with 4; H200, 2026-11-30k). Splits of 2-4 and 4 stages never won. Both covers are offered: x blocks of at most one
+# stream-K (4 stages, and since 2026-11-30k the deepest pipeline too: at 32 rows, 8 stages of
+# 128-deep tiles ran 5120x17408 in 26.4 us against 29.5 with 4). Splits of 2-4, and unsplit
+# pipelines of 4 stages, never won. Both covers are offered: x blocks of at most one
 # wgmma N (256), and of up to MAX_BLOCK_X (two wgmmas per k16 step, fewer x blocks): the wider ones
 # won M = 272 and 304 on the three N >= 14336 shapes and some of M = 544-832 (2026-11-30f tuning).
 # Each with and without the producer warpgroup: with it they won every cell of the twins at M =
@@ -101,7 +102,8 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # they lost M = 24 and 48 (12-45 %, 2026-11-30), but with one they won M = 72-128 by 8-22 % where
 # the table ran one warpgroup unsplit or as stream-K (H200, 2026-11-30j twins: 16384x5120 M = 96,
 # 29.4 us against 37.8; 5120x17408 M = 128, 47.5 against 53.7), tied on 34816x5120 and lost to
-# split-K on 5120x6144 (a producer allowed no split then; the tuner offers no split with one yet).
+# split-K on 5120x6144 (a producer allowed no split then; see SPLIT_PRODUCER_STAGES for the splits
+# with one).
 # At M = 32 and 48 the same twins won 5-14 % on 16384x5120, 14336x5120 and 5120x17408 and lost
 # 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost both cells that had a wgmma base
 # (34816x5120, 5120x6144).
@@ -139,8 +141,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
-        two_warpgroup_block_x = -(-tight.block_x // (2 * hopper.X_BLOCK_STEP)) * 2 * hopper.X_BLOCK_STEP  # 8 x rows per warpgroup
-        split_producer = W(two_warpgroup_block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
+        # The tight x block is a multiple of 16 rows (``tight_wgmma_config``): 8 per warpgroup.
+        split_producer = W(tight.block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
         out += [split_producer._replace(split_k=split) for split in WGMMA_SPLITS]
     else:
         out = [tight]
