@@ -512,7 +512,20 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
 
-def split_k_exchange(n: int, split_k: int, acc_size: int, sync=None):
+# How the CTA that reduces a split tile reads the partials back. With a row guard around each
+# accumulator's loads, nvcc issues them one accumulator after another, an L2 round trip each: the
+# tile's acc_size round trips. Split-major and unguarded, a split's acc_size loads are independent
+# and in flight together: split_k round trips. The rows at or past M then read row M - 1 (written,
+# never stored), so where most of the tile is padding (M = 1 in a 16-row tile: 2 of 16 accumulators
+# real) the guard reads less and keeps its few round trips. H200 (2026-11-30l), guarded / unguarded,
+# us: 128 accumulators per thread (wgmma, 5120x6144 M = 128, split 3) 40.2 / 27.4; two warpgroups,
+# 256 rows (M = 256, split 3) 84.8 / 70.2; the 16-row fragment tile at split 8 with M = 8 and 16
+# (5120x17408) 24.4 / 24.2 and 26.8 / 25.8, and with M = 1 (34816x5120) 36.4 / 38.6, but that
+# unguarded build also had 160 registers against 96 (see the loop's pragma).
+UNGUARDED_EXCHANGE_MIN_FILL = 2  # M * this >= the tile's rows: read unguarded
+
+
+def split_k_exchange(n: int, split_k: int, acc_size: int, block_rows: int, sync=None):
     """The deterministic split-K reduction the kernels of this family share, as a macro.
 
     ``exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
@@ -521,12 +534,15 @@ def split_k_exchange(n: int, split_k: int, acc_size: int, sync=None):
     that takes the last ticket of ``tile`` reads every split back in split order (its own included),
     so the sum does not depend on arrival order, and resets the ticket for the next launch. After
     it, ``ticket[0] == split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``.
-    ``sync()`` emits the barrier of the threads that take part (thread 0 among them); by default
-    the whole CTA's.
+    ``block_rows``: the rows of a tile (see ``UNGUARDED_EXCHANGE_MIN_FILL``). ``sync()`` emits the
+    barrier of the threads that take part (thread 0 among them); by default the whole CTA's.
     """
     import tilelang.language as T
 
     sync = sync or T.sync_threads
+
+    def partial(sk, row, col, partials, m):
+        return T.call_extern("float32", "__ldcg", T.access_ptr(partials[(sk * m + row) * n + col], "r", extent=1))
 
     @T.macro
     def exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
@@ -542,10 +558,18 @@ def split_k_exchange(n: int, split_k: int, acc_size: int, sync=None):
             T.evaluate(T.call_extern("handle", "__threadfence"))
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
-                if row_of(q) < m:
-                    for sk in T.serial(split_k):
-                        at = (sk * m + row_of(q)) * n + col_of(q)
-                        acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+            if m * UNGUARDED_EXCHANGE_MIN_FILL >= block_rows:
+                # One split at a time (#pragma unroll 1): nvcc unrolled the split loop, every split's
+                # loads went in flight together, and the register count, which holds for the whole
+                # kernel, rose (16-row fragment tile at split 8: 160 against 96; ptxas, sm_90a).
+                for sk in T.unroll(split_k, annotations={"pragma_unroll_factor": 1}):
+                    for q in T.unroll(acc_size):
+                        acc[q] += partial(sk, T.min(row_of(q), m - 1), col_of(q), partials, m)
+            else:
+                for q in T.unroll(acc_size):
+                    if row_of(q) < m:
+                        for sk in T.serial(split_k):
+                            acc[q] += partial(sk, row_of(q), col_of(q), partials, m)
             if tx == 0:
                 tickets[tile] = 0
 
@@ -597,7 +621,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     bm_, bn_, bk_, split_k = shape.block_m, shape.block_n, shape.block_k, shape.split_k
     k_tiles = k // split_k // bk_
     wt = warp_tile(shape)
-    exchange = split_k_exchange(n, split_k, wt.acc_size)
+    exchange = split_k_exchange(n, split_k, wt.acc_size, bm_)
     M = T.dynamic("m")
     ops = operands(n, k, M)
 

@@ -784,7 +784,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
-    exchange = example.split_k_exchange(n, split_k, acc_size, pipe.sync_consumers)
+    exchange = example.split_k_exchange(n, split_k, acc_size, bx, pipe.sync_consumers)
     store = example.scaled_store(acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
