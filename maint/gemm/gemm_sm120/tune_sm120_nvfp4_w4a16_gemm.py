@@ -309,21 +309,24 @@ def entries_from_winners(n: int, k: int, winners: list) -> list:
 
 
 def update_entries(old: list, new: list, ms: list) -> list:
-    """``--update``: the new entries replace the old ones of their shapes over the M range tuned now,
-    from above the old boundary below the first breakpoint ``ms[0]`` to the last one ``ms[-1]`` (to
-    the end where no old entry reaches past it); outside it, and for shapes not tuned now, the old
-    entries stay. So ``--ms 144,...,1024`` re-tunes M > 128 of a table whose entries break at 128,
-    and ``--ms 1,4,8,16`` re-tunes M <= 16."""
+    """``--update``: a tuned shape's M ranges are its old ones cut at the breakpoints ``ms``; a range
+    that ends at a breakpoint takes that breakpoint's winner (the new entry covering it), any other
+    keeps its old config (or takes the new entry where no old one covers it: a new shape). Shapes not
+    tuned now stay as they were. So ``--ms 144,...,1024`` re-tunes M > 128 of a table whose entries
+    break at 128, ``--ms 1,4,8,16`` re-tunes M <= 16, and a subset of a shape's breakpoints (``--ms
+    256,384`` where entries also end at 272 and 304) leaves the ranges between them as they were."""
     tuned = {(e["n"], e["k"]) for e in new}
     kept = [e for e in old if (e["n"], e["k"]) not in tuned]
     for n, k in tuned:
         mine = [e for e in old if (e["n"], e["k"]) == (n, k)]
-        low = max([e["m_max"] for e in mine if e["m_max"] < ms[0]], default=0)
-        high = ms[-1] if any(e["m_max"] > ms[-1] for e in mine) else nv.MAX_M_PER_LAUNCH
-        below = [dict(e, m_max=min(e["m_max"], low)) for e in mine if e["m_min"] <= low]
-        tuned_now = [dict(e, m_min=max(e["m_min"], low + 1), m_max=min(e["m_max"], high)) for e in new if (e["n"], e["k"]) == (n, k) and e["m_max"] > low and e["m_min"] <= high]
-        above = [dict(e, m_min=max(e["m_min"], high + 1)) for e in mine if e["m_max"] > high]
-        kept += join_equal_neighbours(sorted(below + tuned_now + above, key=lambda e: e["m_min"]))
+        theirs = [e for e in new if (e["n"], e["k"]) == (n, k)]
+        ends = sorted({*ms, *(e["m_max"] for e in mine + theirs), *(e["m_min"] - 1 for e in mine if e["m_min"] > 1)})
+        pieces = []
+        for low, high in zip([0] + ends, ends):
+            covering = lambda entries: next((e for e in entries if e["m_min"] <= high <= e["m_max"]), None)  # noqa: E731
+            source = covering(theirs) if high in ms else covering(mine) or covering(theirs)
+            pieces.append(dict(source, m_min=low + 1, m_max=high))
+        kept += join_equal_neighbours(pieces)
     return kept
 
 
@@ -332,7 +335,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=bench.parse_shapes, default=bench.DEFAULT_SHAPES)
     parser.add_argument("--ms", type=lambda t: [int(v) for v in t.split(",")], default=bench.DEFAULT_MS, help="M breakpoints")
     parser.add_argument("--out", help="table file (default: tuned/<this GPU's key>.json beside this script)")
-    parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges outside --ms")
+    parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges that end at no breakpoint of --ms")
     parser.add_argument("--timings", help="also write every candidate's time to this JSON file (for heuristics)")
     parser.add_argument(
         "--twins", type=parse_twin, action="append", metavar="FIELD=VALUE[,...]",
