@@ -308,6 +308,11 @@ def entries_from_winners(n: int, k: int, winners: list) -> list:
     )
 
 
+def _covering(entries: list, m: int) -> Optional[dict]:
+    """The entry whose M range holds ``m``, if any."""
+    return next((e for e in entries if e["m_min"] <= m <= e["m_max"]), None)
+
+
 def update_entries(old: list, new: list, ms: list) -> list:
     """``--update``: a tuned shape's M ranges are its old ones cut at the breakpoints ``ms``; a range
     that ends at a breakpoint takes that breakpoint's winner (the new entry covering it), any other
@@ -323,8 +328,7 @@ def update_entries(old: list, new: list, ms: list) -> list:
         ends = sorted({*ms, *(e["m_max"] for e in mine + theirs), *(e["m_min"] - 1 for e in mine if e["m_min"] > 1)})
         pieces = []
         for low, high in zip([0] + ends, ends):
-            covering = lambda entries: next((e for e in entries if e["m_min"] <= high <= e["m_max"]), None)  # noqa: E731
-            source = covering(theirs) if high in ms else covering(mine) or covering(theirs)
+            source = _covering(theirs, high) if high in ms else _covering(mine, high) or _covering(theirs, high)
             pieces.append(dict(source, m_min=low + 1, m_max=high))
         kept += join_equal_neighbours(pieces)
     return kept
