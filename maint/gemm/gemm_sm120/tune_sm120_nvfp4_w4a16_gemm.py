@@ -57,7 +57,8 @@ FRAG_OCCUPANCY_SHAPES = ((128, 3), (64, 4), (64, 3))
 # offered 64 rows wide (two warps per CTA), over every split: the same CTA count with half the
 # split, so each CTA streams twice the k tiles through its pipeline (5120x17408 and 5120x6144 run
 # at 0.49-0.59 of the read floor at M <= 32, split 3-8, the furthest of the five shapes; H200,
-# 2026-11-30k). Not yet timed.
+# 2026-11-30k). Timed at M = 1, 8 and 16 on both (2026-11-30l): no cell's fastest, 2-18 % behind
+# it (5120x17408 M = 16: 26.0 us against 25.5; 5120x6144 M = 16: 14.1 against 11.9).
 FRAG_NARROW_N = 64
 STREAMK_CTAS_PER_SM = (1, 2)
 # The wgmma kernel at every M. At M <= 48 its x block is small and its CTAs light, and what wins
@@ -121,7 +122,10 @@ TWO_WARPGROUP_MIN_M = 16
 WGMMA_DEEP_K_MIN_STAGES = 4
 # Split-K on two consumer warpgroups and a producer, 128-deep k tiles, at M <= WGMMA_SMALL_M: on
 # 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
-# one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k).
+# one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k). The tuning of
+# 2026-11-30l gave it 5120x6144 M = 1 and 9-16 (11.2 and 11.9 us). Above M = 48 it lost every cell
+# timed at 5120x6144 (one wave of 120 CTAs; M = 256: 66.9 us against 40.7 for stream-K), so it is
+# offered up to WGMMA_SMALL_M only.
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 
 

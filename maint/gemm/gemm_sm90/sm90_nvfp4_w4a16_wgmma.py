@@ -471,7 +471,7 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             "where ptxas serializes the wgmmas (a smaller block_x or block_k, or two warpgroups)"
         )
     wgs = config.warpgroups
-    if config.producer and producer_ctas_per_sm(wgs, ctas_per_sm) > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
+    if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
         if (wgs, ctas_per_sm) != (2, 2) or acc_size + a_size > SHARED_SM_PRODUCER_MAX_OPERANDS:
             raise ValueError(
                 f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM fit only with two consumer warpgroups, "
@@ -560,8 +560,9 @@ def wgmma_pipeline(
     ``segment``'s arguments less the registers, plus ``empty``) waits for a stage's ``empty``
     barrier and loads the next k tile into it by TMA; ``consume(...)`` (the consumers': ``segment``'s
     arguments plus ``empty``) runs the k tiles as above, and k tile ``t``, once its wait has retired
-    tile ``t - 1``'s wgmma, releases that tile's stage to the producer. Two consumer warpgroups then meet only at the stages, so one's dequant
-    can overlap the other's wgmma; the loads no longer wait for any consumer's barrier.
+    tile ``t - 1``'s wgmma, releases that tile's stage to the producer. Two consumer warpgroups then
+    meet only at the stages, so one's dequant can overlap the other's wgmma; the loads no longer wait
+    for any consumer's barrier.
     """
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
