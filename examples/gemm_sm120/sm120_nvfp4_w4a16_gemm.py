@@ -374,6 +374,19 @@ __device__ __forceinline__ void {name}(const void* codes, const void* scales, vo
 
 DEQUANT_SOURCE = _mul_by_half("lo") + _mul_by_half("hi") + dequant_function("nvfp4_dequant_block", 4)
 
+# The split-K and stream-K partials move four FP32 accumulators per 16-byte access, through L2 only
+# (__stcg, __ldcg): another SM wrote what a reducing CTA reads, so its L1 must not answer.
+PARTIALS_SOURCE = """
+__device__ __forceinline__ void nvfp4_store_partials4(float* dst, const float* acc) {
+  __stcg(reinterpret_cast<float4*>(dst), make_float4(acc[0], acc[1], acc[2], acc[3]));
+}
+__device__ __forceinline__ void nvfp4_add_partials4(float* acc, const float* src) {
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+  acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
+}
+"""
+DEVICE_SOURCE = DEQUANT_SOURCE + PARTIALS_SOURCE  # what every kernel of this family imports
+
 
 class KernelShape(NamedTuple):
     """What the kernel template is compiled for; both config kinds map onto it."""
@@ -512,43 +525,86 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
 
 
-# How the CTA that reduces a split tile reads the partials back. With a row guard around each
-# accumulator's loads, nvcc issues them one accumulator after another, an L2 round trip each: the
-# tile's acc_size round trips. Split-major and unguarded, a split's acc_size loads are independent
-# and in flight together: split_k round trips. The rows at or past M then read row M - 1 (written,
-# never stored), so where most of the tile is padding (M = 1 in a 16-row tile: 2 of 16 accumulators
-# real) the guard reads less and keeps its few round trips. H200 (2026-11-30l), guarded / unguarded,
-# us: 128 accumulators per thread (wgmma, 5120x6144 M = 128, split 3) 40.2 / 27.4; two warpgroups,
-# 256 rows (M = 256, split 3) 84.8 / 70.2; the 16-row fragment tile at split 8 with M = 8 and 16
-# (5120x17408) 24.4 / 24.2 and 26.8 / 25.8, and with M = 1 (34816x5120) 36.4 / 38.6, but that
-# unguarded build also had 160 registers against 96 (see the loop's pragma).
-UNGUARDED_EXCHANGE_MIN_FILL = 2  # M * this >= the tile's rows: read unguarded
+# How a split tile's partials travel: each CTA writes its piece to a slot of the tile, in fragment
+# order (``PartialSlots``), and the CTA that reduces the tile reads the slots back. Every address is
+# the slot's base plus a constant. Where more than half of the tile's rows are real, the whole slot
+# moves, four accumulators per 16-byte access, one split at a time. Elsewhere (M = 1 in a 16-row
+# tile: 2 of 16 accumulators real) only the real rows move, one accumulator at a time under its
+# row guard; nvcc then issues the loads one accumulator after another, but there are few of them.
+# Row-major partials, [split, M, N], needed a 64-bit address per accumulator, and two warpgroups of
+# 128 accumulators spilled registers: 5120x6144 at M = 256, split 3, took 72.2 us where the same
+# CTAs without an exchange (15360x2048, unsplit) took 32.1; with slots it takes 47.7 (H200,
+# 2026-11-30m).
+DENSE_EXCHANGE_MIN_FILL = 2  # M * this > the tile's rows: whole slots, 16 bytes at a time
 
 
-def split_k_exchange(n: int, split_k: int, acc_size: int, block_rows: int, sync=None):
+class PartialSlots(NamedTuple):
+    """Macros moving the ``acc_size`` FP32 accumulators of each of ``threads`` threads to and from a
+    partial slot (``acc_size * threads`` values, ``[acc_size / 4][threads][4]``: a warp's 16-byte
+    accesses cover 512 contiguous bytes). ``store(acc, partials, slot, tx)`` writes them,
+    ``add(acc, partials, slot, tx)`` adds them to ``acc``, 16 bytes at a time; ``element(slot, q,
+    tx)`` is the index of accumulator ``q``, for moving a few one at a time."""
+
+    store: object
+    add: object
+    element: object
+
+
+def partial_slots(acc_size: int, threads: int) -> PartialSlots:
+    import tilelang.language as T
+
+    if acc_size % 4:
+        raise ValueError(f"partial slots move accumulators four at a time; {acc_size} per thread is not a multiple of 4")
+
+    def element(slot, q, tx):
+        return ((slot * (acc_size // 4) + q // 4) * threads + tx) * 4 + q % 4
+
+    @T.macro
+    def store(acc, partials, slot, tx):
+        for q4 in T.unroll(acc_size // 4):
+            T.evaluate(
+                T.call_extern("handle", "nvfp4_store_partials4", T.access_ptr(partials[element(slot, q4 * 4, tx)], "w", extent=4), T.address_of(acc[q4 * 4]))
+            )
+
+    @T.macro
+    def add(acc, partials, slot, tx):
+        for q4 in T.unroll(acc_size // 4):
+            T.evaluate(
+                T.call_extern("handle", "nvfp4_add_partials4", T.address_of(acc[q4 * 4]), T.access_ptr(partials[element(slot, q4 * 4, tx)], "r", extent=4))
+            )
+
+    return PartialSlots(store, add, element)
+
+
+def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None):
     """The deterministic split-K reduction the kernels of this family share, as a macro.
 
-    ``exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
-    ``owner`` threads write accumulator ``q`` (output element ``row_of(q), col_of(q)``, rows below
-    ``m`` only: at M = 1 that is 1/16 of a padded tile) to FP32 partials ``[split_k, m, n]``; the CTA
-    that takes the last ticket of ``tile`` reads every split back in split order (its own included),
-    so the sum does not depend on arrival order, and resets the ticket for the next launch. After
-    it, ``ticket[0] == split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``.
-    ``block_rows``: the rows of a tile (see ``UNGUARDED_EXCHANGE_MIN_FILL``). ``sync()`` emits the
-    barrier of the threads that take part (thread 0 among them); by default the whole CTA's.
+    ``exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
+    ``owner`` threads (the first ``owner_threads`` of the CTA) hold the accumulators of ``tile``
+    (accumulator ``q`` in output row ``row_of(q)``) and write them to slot ``tile * split_k +
+    split_index`` (``partial_slots``): all of them where ``m * DENSE_EXCHANGE_MIN_FILL >
+    block_rows`` (the tile's rows), else only those of rows below ``m``. The CTA that takes the last
+    ticket of ``tile`` reads every split back in split order (its own included), so the sum does not
+    depend on arrival order, and resets the ticket for the next launch. After it, ``ticket[0] ==
+    split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``. ``sync()`` emits the barrier
+    of the threads that take part (thread 0 among them); by default the whole CTA's.
+    ``split_k_buffers`` sizes ``partials``.
     """
     import tilelang.language as T
 
     sync = sync or T.sync_threads
-
-    def partial(sk, row, col, partials, m):
-        return T.call_extern("float32", "__ldcg", T.access_ptr(partials[(sk * m + row) * n + col], "r", extent=1))
+    slots = partial_slots(acc_size, owner_threads)
 
     @T.macro
-    def exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
-        for q in T.unroll(acc_size):
-            if owner and row_of(q) < m:
-                partials[(split_index * m + row_of(q)) * n + col_of(q)] = acc[q]
+    def exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
+        dense = m * DENSE_EXCHANGE_MIN_FILL > block_rows
+        if owner:
+            if dense:
+                slots.store(acc, partials, tile * split_k + split_index, tx)
+            else:
+                for q in T.unroll(acc_size):
+                    if row_of(q) < m:
+                        partials[slots.element(tile * split_k + split_index, q, tx)] = acc[q]
         T.evaluate(T.call_extern("handle", "__threadfence"))
         sync()
         if tx == 0:
@@ -558,18 +614,18 @@ def split_k_exchange(n: int, split_k: int, acc_size: int, block_rows: int, sync=
             T.evaluate(T.call_extern("handle", "__threadfence"))
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
-            if m * UNGUARDED_EXCHANGE_MIN_FILL >= block_rows:
-                # One split at a time (#pragma unroll 1): nvcc unrolled the split loop, every split's
-                # loads went in flight together, and the register count, which holds for the whole
-                # kernel, rose (16-row fragment tile at split 8: 160 against 96; ptxas, sm_90a).
+            if dense:
+                # One split at a time (#pragma unroll 1): unrolled, every split's loads went in flight
+                # together and the register count, which holds for the whole kernel, rose (16-row
+                # fragment tile at split 8: 160 against 96; ptxas, sm_90a).
                 for sk in T.unroll(split_k, annotations={"pragma_unroll_factor": 1}):
-                    for q in T.unroll(acc_size):
-                        acc[q] += partial(sk, T.min(row_of(q), m - 1), col_of(q), partials, m)
+                    slots.add(acc, partials, tile * split_k + sk, tx)
             else:
                 for q in T.unroll(acc_size):
                     if row_of(q) < m:
                         for sk in T.serial(split_k):
-                            acc[q] += partial(sk, row_of(q), col_of(q), partials, m)
+                            at = slots.element(tile * split_k + sk, q, tx)
+                            acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
             if tx == 0:
                 tickets[tile] = 0
 
@@ -621,7 +677,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     bm_, bn_, bk_, split_k = shape.block_m, shape.block_n, shape.block_k, shape.split_k
     k_tiles = k // split_k // bk_
     wt = warp_tile(shape)
-    exchange = split_k_exchange(n, split_k, wt.acc_size, bm_)
+    exchange = split_k_exchange(split_k, wt.acc_size, bm_, shape.group_threads)
     M = T.dynamic("m")
     ops = operands(n, k, M)
 
@@ -642,7 +698,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
             a_frag = T.alloc_local((2 * shape.m16_tiles_per_warp * 8,), T.bfloat16)
             b_frag = T.alloc_local((32,), T.bfloat16)
             acc = T.alloc_local((wt.acc_size,), T.float32)
-            T.import_source(DEQUANT_SOURCE)
+            T.import_source(DEVICE_SOURCE)
             T.annotate_layout({x_tile: make_swizzled_layout(x_tile)})
             tx = T.get_thread_binding()
             lane = tx % 32
@@ -680,10 +736,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                     wt.store_output(acc, y, alpha_x128, row0, col0, M)
             else:
                 ticket = T.alloc_shared((1,), T.int32)
-                exchange(
-                    acc, lambda q: row0 + wt.acc_row(q), lambda q: col0 + wt.acc_col(q),
-                    partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0,
-                )  # fmt: skip
+                exchange(acc, lambda q: row0 + wt.acc_row(q), partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0)
                 if ticket[0] == split_k - 1 and warp_k == 0:
                     wt.store_output(acc, y, alpha_x128, row0, col0, M)
 
@@ -800,7 +853,9 @@ def sm_imbalance(ctas: int, sm_count: int) -> float:
 def _split_k(tiles: int, m: int, n: int, k: int, block_k: int, stages: int, target_ctas: int, sm_count: int) -> int:
     """Split K only when the output tiles would leave half of the SMs idle; then double the split
     until there are ``target_ctas`` CTAs, keeping at least ``stages`` k tiles per split and the
-    partials' traffic (an FP32 write and read of ``M x N`` per split and launch) within the weight bytes."""
+    partials' traffic (an FP32 write and read of ``M x N`` per split and launch) within the weight
+    bytes. The bound counts real rows, as when it was fitted; where more than half of a tile's rows
+    are real the exchange moves whole tiles (``DENSE_EXCHANGE_MIN_FILL``), up to twice those bytes."""
     m = min(m, MAX_M_PER_LAUNCH)
     split = 1
     while (
@@ -984,20 +1039,23 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[device.index]
 
 
-def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(partials, tickets)`` for a launch: FP32 partials ``[split_k, M, N]`` (a stand-in without a
-    split) and the device's self-resetting tickets."""
+def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows: FP32 partials for
+    ``split_k`` pieces of every tile, padded rows included (``split_k_exchange``; a stand-in without
+    a split), and the device's self-resetting tickets."""
     ws = _ensure_workspace(w.device, _tickets_needed(w.n))
     if split_k == 1:
         return ws.no_partials, ws.tickets
-    if split_k * x.shape[0] * w.n >= 2**31:
-        raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} exceed 32-bit offsets")
-    return torch.empty(split_k * x.shape[0] * w.n, dtype=torch.float32, device=x.device), ws.tickets
+    size = split_k * -(-x.shape[0] // block_rows) * block_rows * w.n
+    if size >= 2**31:
+        raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
+    return torch.empty(size, dtype=torch.float32, device=x.device), ws.tickets
 
 
 def launch(x: torch.Tensor, w: NVFP4W4A16Weight, config: Config, out: torch.Tensor) -> None:
     """One launch of the fragment or tile kernel on checked inputs (at most 1024 rows)."""
-    partials, tickets = split_k_buffers(x, w, config.kernel_shape().split_k)
+    shape = config.kernel_shape()
+    partials, tickets = split_k_buffers(x, w, shape.split_k, shape.block_m)
     _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)
 
 

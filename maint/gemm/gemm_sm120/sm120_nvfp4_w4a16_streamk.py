@@ -136,7 +136,8 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
     ``fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store)``.
 
     CTA ``g`` (its range starts at iteration ``begin``) writes its piece ``acc`` of ``tile`` to its
-    partial slot 0 (its first tile) or 1 (its last). The CTA that takes the tile's last ticket sums
+    partial slot 0 (its first tile) or 1 (its last), in the example's fragment order
+    (``partial_slots``). The CTA that takes the tile's last ticket sums
     every piece in CTA order, so the result does not depend on arrival order, hands the sum to
     ``store(acc)`` (a Python callable that emits the store) and resets the ticket for the next launch.
     ``threads`` threads hold the pieces; ``sync()`` emits their barrier (by default the whole CTA's;
@@ -145,14 +146,14 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
     import tilelang.language as T
 
     sync = sync or T.sync_threads
+    slots = example.partial_slots(acc_size, threads)
 
     @T.macro
     def fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store):
         tile_begin = tile * k_tiles
         # Slot 0 holds the piece of a CTA's first tile, slot 1 that of its last.
         slot = T.if_then_else(begin >= tile_begin, 0, 1)
-        for q in T.unroll(acc_size):
-            partials[((g * PARTIAL_SLOTS_PER_CTA + slot) * acc_size + q) * threads + tx] = acc[q]
+        slots.store(acc, partials, g * PARTIAL_SLOTS_PER_CTA + slot, tx)
         T.evaluate(T.call_extern("handle", "__threadfence"))
         sync()
         # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
@@ -167,9 +168,7 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
                 acc[q] = 0.0
             for c in T.serial(first_cta, last_cta + 1):  # fixed order: CTA order
                 c_slot = T.if_then_else(streamk_range(c, iterations, grid)[0] >= tile_begin, 0, 1)
-                for q in T.unroll(acc_size):
-                    at = ((c * PARTIAL_SLOTS_PER_CTA + c_slot) * acc_size + q) * threads + tx
-                    acc[q] += T.call_extern("float32", "__ldcg", T.access_ptr(partials[at], "r", extent=1))
+                slots.add(acc, partials, c * PARTIAL_SLOTS_PER_CTA + c_slot, tx)
             store(acc)
             if tx == 0:
                 tickets[tile] = 0
@@ -230,7 +229,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
             b_frag = T.alloc_local((32,), T.bfloat16)
             acc = T.alloc_local((wt.acc_size,), T.float32)
             ticket = T.alloc_shared((1,), T.int32)
-            T.import_source(example.DEQUANT_SOURCE)
+            T.import_source(example.DEVICE_SOURCE)
             if assume_positive_grid:
                 T.assume(grid > 0)
                 T.assume(M > 0)

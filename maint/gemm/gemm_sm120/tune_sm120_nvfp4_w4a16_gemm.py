@@ -124,9 +124,13 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
 # one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k). The tuning of
 # 2026-11-30l gave it 5120x6144 M = 1 and 9-16 (11.2 and 11.9 us). Above M = 48 it lost every cell
-# timed at 5120x6144 (one wave of 120 CTAs; M = 256: 66.9 us against 40.7 for stream-K), so it is
-# offered up to WGMMA_SMALL_M only.
+# timed at 5120x6144 while the split-K exchange spilled registers (M = 256: 66.9 us against 40.7 for
+# stream-K). With fragment-order partials it won M = 64 and 128 there (16.5 and 23.3 us against 17.9
+# and 24.5 for the table's stream-K) and still lost at 256 x rows (47.7 against 36.5 for one
+# warpgroup's split 3; H200, 2026-11-30m), so above WGMMA_SMALL_M it is offered with the deepest
+# pipeline for x blocks of up to SPLIT_PRODUCER_MAX_BLOCK_X rows.
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
+SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
 
 def ctas_per_sm(config, arch: str) -> int:
@@ -171,6 +175,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 streamks = [streamk._replace(stages=st) for st in sorted({min(WGMMA_STREAMK.stages, stages), stages})]
                 unsplit = W(bx, stages, 1, 2, bk=bk)._replace(tma_loads=True)  # the producer needs TMA, at any x block
                 out += [c._replace(producer=producer) for c in (unsplit, *streamks) for producer in (False, True)]
+                if m > WGMMA_SMALL_M and bk == hopper.DEEP_K and bx <= SPLIT_PRODUCER_MAX_BLOCK_X:
+                    out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
     return out
 
 

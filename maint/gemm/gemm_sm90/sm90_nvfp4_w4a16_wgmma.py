@@ -589,9 +589,9 @@ def wgmma_pipeline(
         return bn * rows + warp * 16 * atoms + q // (bx // 2) * 16 + q % 4 // 2 * 8 + lane // 4
 
     load_x = x_tile_loader(bx, SWIZZLE_K, consumer_threads)  # cp.async: no producer (TMA only)
-    dequant_source = example.DEQUANT_SOURCE
+    device_source = example.DEVICE_SOURCE
     if wgs == 2:
-        dequant_source += example.dequant_function("nvfp4_dequant_half_block", 2)
+        device_source += example.dequant_function("nvfp4_dequant_half_block", 2)
 
     def block_copier(words_per_block: int):
         """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
@@ -724,7 +724,7 @@ def wgmma_pipeline(
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
-        T.import_source(dequant_source)
+        T.import_source(device_source)
         T.initialize_wgmma_descriptor(desc, x_tiles.access_ptr("r"), SWIZZLE_128B, 1, SWIZZLE_ATOM_BYTES // 16)
         return x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc
 
@@ -785,7 +785,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
     acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
-    exchange = example.split_k_exchange(n, split_k, acc_size, bx, pipe.sync_consumers)
+    exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
     store = example.scaled_store(acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
@@ -797,7 +797,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             store(acc, row_of, col_of, y, alpha_x128, M)
         else:
             ticket = T.alloc_shared((1,), T.int32)
-            exchange(acc, row_of, col_of, partials, tickets, ticket, tile, split_index, M, tx, True)
+            exchange(acc, row_of, partials, tickets, ticket, tile, split_index, M, tx, True)
             if ticket[0] == split_k - 1:
                 store(acc, row_of, col_of, y, alpha_x128, M)
 
@@ -868,5 +868,5 @@ def launch_wgmma(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: WgmmaConf
     key = (w.n, w.k, config, w.device.index)
     if key not in _KERNELS:
         _KERNELS[key] = compile_wgmma(w.n, w.k, config)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x)
     _KERNELS[key](x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

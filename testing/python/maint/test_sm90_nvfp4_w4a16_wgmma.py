@@ -114,6 +114,15 @@ def test_split_k_exchange_adds_no_registers():
     assert split <= unsplit + wg.REGISTER_STEP, (split, unsplit)
 
 
+def test_split_k_exchange_keeps_two_warpgroups_in_registers():
+    """Two consumer warpgroups of 128 accumulators each, split 3: with one 64-bit address per
+    accumulator (row-major partials) ptxas spilled 400 bytes, and the exchange took 40 us of 72
+    (5120x6144, M = 256; H200, 2026-11-30m); the fragment-order slots need none."""
+    config = wg.WgmmaConfig(256, 64, 6, split_k=3, tma_loads=True, warpgroups=2, producer=True)
+    report = ptxas_report(wg.compile_wgmma(5120, 6144, config).get_kernel_source())
+    assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], report
+
+
 def test_heuristic_picks_it_on_sm90_only():
     for n, k in [(16384, 5120), (5120, 6144), (640, 2304), (128, 256), (384, 768)]:  # down to the smallest weight
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
@@ -169,18 +178,21 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
-@pytest.mark.parametrize("m, block_x", [(1, 16), (16, 16), (24, 32), (48, 48), (64, None)])
-def test_tuner_offers_split_k_with_a_producer_up_to_48_rows(m, block_x):
+@pytest.mark.parametrize("m, block_x, stages", [(1, 16, 5), (16, 16, 5), (24, 32, 5), (48, 48, 5), (64, 64, None), (128, 128, None), (256, None, None)])
+def test_tuner_offers_split_k_with_a_producer(m, block_x, stages):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
-    K's k tiles (5120x6144: 48 of them), at an x block of 8 rows per warpgroup or more; none above
-    ``WGMMA_SMALL_M``."""
+    K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per warpgroup or more: up to
+    ``WGMMA_SMALL_M`` with SPLIT_PRODUCER_STAGES, above it with the deepest pipeline and only up to
+    SPLIT_PRODUCER_MAX_BLOCK_X rows."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
     if block_x is None:
         assert not split
     else:
-        assert split == {wg.WgmmaConfig(block_x, 128, tune.SPLIT_PRODUCER_STAGES, s, True, 2, True) for s in tune.WGMMA_SPLITS}
+        stages = stages or wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K)
+        fitting = [s for s in tune.WGMMA_SPLITS if 6144 // 128 // s >= stages]  # a stage per k tile of a split at most
+        assert split == {wg.WgmmaConfig(block_x, 128, stages, s, True, 2, True) for s in fitting}
 
 
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
