@@ -137,9 +137,9 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
 
     CTA ``g`` (its range starts at iteration ``begin``) writes its piece ``acc`` of ``tile`` to its
     partial slot 0 (its first tile) or 1 (its last), in the example's fragment order
-    (``partial_slots``). The CTA that takes the tile's last ticket sums
-    every piece in CTA order, so the result does not depend on arrival order, hands the sum to
-    ``store(acc)`` (a Python callable that emits the store) and resets the ticket for the next launch.
+    (``partial_slots``). The CTA that takes the tile's last ticket sums every piece in CTA order, so
+    the result does not depend on arrival order, hands the sum to ``store(acc)`` (a Python callable
+    that emits the store) and resets the ticket for the next launch.
     ``threads`` threads hold the pieces; ``sync()`` emits their barrier (by default the whole CTA's;
     see ``hopper.consumer_sync`` for a CTA with a producer warpgroup).
     """
