@@ -551,6 +551,7 @@ class PartialSlots(NamedTuple):
 
 
 def partial_slots(acc_size: int, threads: int) -> PartialSlots:
+    """The ``PartialSlots`` of a CTA whose first ``threads`` threads hold ``acc_size`` accumulators each."""
     import tilelang.language as T
 
     if acc_size % 4:
