@@ -560,19 +560,19 @@ def partial_slots(acc_size: int, threads: int) -> PartialSlots:
     def element(slot, q, tx):
         return ((slot * (acc_size // 4) + q // 4) * threads + tx) * 4 + q % 4
 
+    def four(partials, slot, q4, tx, access):
+        """Pointer to accumulators ``4 q4 ..`` of thread ``tx`` in ``slot``."""
+        return T.access_ptr(partials[element(slot, q4 * 4, tx)], access, extent=4)
+
     @T.macro
     def store(acc, partials, slot, tx):
         for q4 in T.unroll(acc_size // 4):
-            T.evaluate(
-                T.call_extern("handle", "nvfp4_store_partials4", T.access_ptr(partials[element(slot, q4 * 4, tx)], "w", extent=4), T.address_of(acc[q4 * 4]))
-            )
+            T.evaluate(T.call_extern("handle", "nvfp4_store_partials4", four(partials, slot, q4, tx, "w"), T.address_of(acc[q4 * 4])))
 
     @T.macro
     def add(acc, partials, slot, tx):
         for q4 in T.unroll(acc_size // 4):
-            T.evaluate(
-                T.call_extern("handle", "nvfp4_add_partials4", T.address_of(acc[q4 * 4]), T.access_ptr(partials[element(slot, q4 * 4, tx)], "r", extent=4))
-            )
+            T.evaluate(T.call_extern("handle", "nvfp4_add_partials4", T.address_of(acc[q4 * 4]), four(partials, slot, q4, tx, "r")))
 
     return PartialSlots(store, add, element)
 

@@ -181,9 +181,9 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
 @pytest.mark.parametrize("m, block_x, stages", [(1, 16, 5), (16, 16, 5), (24, 32, 5), (48, 48, 5), (64, 64, None), (128, 128, None), (256, None, None)])
 def test_tuner_offers_split_k_with_a_producer(m, block_x, stages):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
-    K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per warpgroup or more: up to
-    ``WGMMA_SMALL_M`` with SPLIT_PRODUCER_STAGES, above it with the deepest pipeline and only up to
-    SPLIT_PRODUCER_MAX_BLOCK_X rows."""
+    K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
+    warpgroup or more: up to ``WGMMA_SMALL_M`` with SPLIT_PRODUCER_STAGES, above it with the
+    deepest pipeline and only up to SPLIT_PRODUCER_MAX_BLOCK_X rows."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
