@@ -329,19 +329,25 @@ def update_entries(old: list, new: list, ms: list) -> list:
     keeps its old config (or takes the new entry where no old one covers it: a new shape). Shapes not
     tuned now stay as they were. So ``--ms 144,...,1024`` re-tunes M > 128 of a table whose entries
     break at 128, ``--ms 1,4,8,16`` re-tunes M <= 16, and a subset of a shape's breakpoints (``--ms
-    256,384`` where entries also end at 272 and 304) leaves the ranges between them as they were."""
-    tuned = {(e["n"], e["k"]) for e in new}
-    kept = [e for e in old if (e["n"], e["k"]) not in tuned]
-    for n, k in tuned:
-        mine = [e for e in old if (e["n"], e["k"]) == (n, k)]
-        theirs = [e for e in new if (e["n"], e["k"]) == (n, k)]
+    256,384`` where entries also end at 272 and 304) leaves the ranges between them as they were.
+    Shapes keep their place in the table (new ones go last), so a re-tune's diff shows only what changed."""
+    shape = lambda e: (e["n"], e["k"])  # noqa: E731
+    tuned = {shape(e) for e in new}
+    order = list(dict.fromkeys(shape(e) for e in old + new))
+    updated = []
+    for n, k in order:
+        mine = [e for e in old if shape(e) == (n, k)]
+        if (n, k) not in tuned:
+            updated += mine
+            continue
+        theirs = [e for e in new if shape(e) == (n, k)]
         ends = sorted({*ms, *(e["m_max"] for e in mine + theirs), *(e["m_min"] - 1 for e in mine if e["m_min"] > 1)})
         pieces = []
         for low, high in zip([0] + ends, ends):
             source = _covering(theirs, high) if high in ms else _covering(mine, high) or _covering(theirs, high)
             pieces.append(dict(source, m_min=low + 1, m_max=high))
-        kept += join_equal_neighbours(pieces)
-    return kept
+        updated += join_equal_neighbours(pieces)
+    return updated
 
 
 def main(argv=None) -> int:

@@ -173,18 +173,18 @@ def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
 def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
     """``--update``: a tuned shape's old M ranges, cut at the breakpoints, take the winner of the
     breakpoint they end at, and keep their old config where they end at none; the new ones join an
-    equal neighbour; other shapes stay as they were."""
+    equal neighbour; other shapes stay as they were, and every shape keeps its place in the table."""
     a, b, c, d = (sk.config_to_json(nv.FragConfig(split_k=s)) for s in (1, 2, 4, 8))
     entry = lambda n, lo, hi, cfg: {"n": n, "k": 256, "m_min": lo, "m_max": hi, **cfg}  # noqa: E731
     old = [entry(128, 1, 16, a), entry(128, 17, 128, b), entry(128, 129, 1024, c), entry(256, 1, 1024, a)]
     other = entry(256, 1, 1024, a)
     tail = [entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # what entries_from_winners gives for --ms 144,1024
-    assert tune.update_entries(old, tail, [144, 1024]) == [other, entry(128, 1, 16, a), entry(128, 17, 144, b), entry(128, 145, 1024, d)]
+    assert tune.update_entries(old, tail, [144, 1024]) == [entry(128, 1, 16, a), entry(128, 17, 144, b), entry(128, 145, 1024, d), other]
     head = [entry(128, 1, 4, d), entry(128, 5, 1024, b)]  # --ms 4,16: the last winner reaches 1024
-    assert tune.update_entries(old, head, [4, 16]) == [other, entry(128, 1, 4, d), entry(128, 5, 128, b), entry(128, 129, 1024, c)]
-    assert tune.update_entries(old, head, [4, 8])[2:4] == [entry(128, 5, 8, b), entry(128, 9, 16, a)]
+    assert tune.update_entries(old, head, [4, 16]) == [entry(128, 1, 4, d), entry(128, 5, 128, b), entry(128, 129, 1024, c), other]
+    assert tune.update_entries(old, head, [4, 8])[1:3] == [entry(128, 5, 8, b), entry(128, 9, 16, a)]
     every = tune.entries_from_winners(128, 256, [(16, nv.FragConfig(split_k=8), 1.0), (128, nv.FragConfig(split_k=8), 1.0), (1024, nv.FragConfig(split_k=2), 1.0)])
-    assert tune.update_entries(old, every, [16, 128, 1024]) == [other, *every]  # every old boundary re-tuned: the shape is replaced
+    assert tune.update_entries(old, every, [16, 128, 1024]) == [*every, other]  # every old boundary re-tuned: the shape is replaced
     assert tune.update_entries([other], tail, [144, 1024]) == [other, entry(128, 1, 144, b), entry(128, 145, 1024, d)]  # a new shape
     # A subset of the breakpoints leaves the ranges between them as they were (272 and 304 here).
     fine = [entry(128, 1, 256, a), entry(128, 257, 272, b), entry(128, 273, 304, c), entry(128, 305, 1024, a)]
