@@ -128,7 +128,13 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # stream-K). With fragment-order partials it won M = 64 and 128 there (16.5 and 23.3 us against 17.9
 # and 24.5 for the table's stream-K) and still lost at 256 x rows (47.7 against 36.5 for one
 # warpgroup's split 3; H200, 2026-11-30m), so above WGMMA_SMALL_M it is offered with the deepest
-# pipeline for x blocks of up to SPLIT_PRODUCER_MAX_BLOCK_X rows.
+# pipeline for x blocks of up to SPLIT_PRODUCER_MAX_BLOCK_X rows. Up to WGMMA_SMALL_M it is offered
+# with both: a split CTA streams few k tiles (16 at 5120x6144 split 3), so its time is mostly
+# latency, and the deepest pipeline (17 stages at 16 rows, or as many as the split has k tiles) issues
+# nearly all of them at once. The
+# unsplit producer configs won M = 17-48 of 16384x5120 and 14336x5120 with their deepest pipelines
+# (10-13 stages); the split ones had only SPLIT_PRODUCER_STAGES until 2026-11-30 (fourteenth
+# session, not yet timed).
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
@@ -151,7 +157,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
         # The tight x block is a multiple of 16 rows (``tight_wgmma_config``): 8 per warpgroup.
         split_producer = W(tight.block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
-        out += [split_producer._replace(split_k=split) for split in WGMMA_SPLITS]
+        deepest = hopper.deepest_stages(tight.block_x, ctas_per_sm=1, block_k=hopper.DEEP_K)
+        for split in WGMMA_SPLITS:  # the deep one holds at most the split's k tiles
+            stages = {SPLIT_PRODUCER_STAGES, max(SPLIT_PRODUCER_STAGES, min(deepest, k // hopper.DEEP_K // split))}
+            out += [split_producer._replace(split_k=split, stages=st) for st in sorted(stages)]
     else:
         out = [tight]
         blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))

@@ -178,21 +178,28 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
-@pytest.mark.parametrize("m, block_x, stages", [(1, 16, 5), (16, 16, 5), (24, 32, 5), (48, 48, 5), (64, 64, None), (128, 128, None), (256, None, None)])
-def test_tuner_offers_split_k_with_a_producer(m, block_x, stages):
+@pytest.mark.parametrize("m, block_x, shallow", [(1, 16, True), (16, 16, True), (24, 32, True), (48, 48, True), (64, 64, False), (128, 128, False), (256, None, False)])
+def test_tuner_offers_split_k_with_a_producer(m, block_x, shallow):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
     K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
-    warpgroup or more: up to ``WGMMA_SMALL_M`` with SPLIT_PRODUCER_STAGES, above it with the
-    deepest pipeline and only up to SPLIT_PRODUCER_MAX_BLOCK_X rows."""
+    warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
+    rows. Up to it: SPLIT_PRODUCER_STAGES, and the deepest pipeline that the split's k tiles fill."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
     if block_x is None:
         assert not split
-    else:
-        stages = stages or wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K)
-        fitting = [s for s in tune.WGMMA_SPLITS if 6144 // 128 // s >= stages]  # a stage per k tile of a split at most
-        assert split == {wg.WgmmaConfig(block_x, 128, stages, s, True, 2, True) for s in fitting}
+        return
+    deepest = wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K)
+    expected = set()
+    for s in tune.WGMMA_SPLITS:
+        k_tiles = 6144 // 128 // s
+        for stages in (tune.SPLIT_PRODUCER_STAGES, min(deepest, k_tiles)) if shallow else (deepest,):
+            if k_tiles >= stages:  # a stage per k tile of a split at most
+                expected.add(wg.WgmmaConfig(block_x, 128, stages, s, True, 2, True))
+    assert split == expected
+    if shallow:  # 17 stages at 16 rows: split 3 gets one stage per k tile, 16
+        assert wg.WgmmaConfig(block_x, 128, min(deepest, 16), 3, True, 2, True) in split and min(deepest, 16) > tune.SPLIT_PRODUCER_STAGES
 
 
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
