@@ -130,11 +130,10 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # warpgroup's split 3; H200, 2026-11-30m), so above WGMMA_SMALL_M it is offered with the deepest
 # pipeline for x blocks of up to SPLIT_PRODUCER_MAX_BLOCK_X rows. Up to WGMMA_SMALL_M it is offered
 # with both: a split CTA streams few k tiles (16 at 5120x6144 split 3), so its time is mostly
-# latency, and the deepest pipeline (17 stages at 16 rows, or as many as the split has k tiles) issues
-# nearly all of them at once. The
-# unsplit producer configs won M = 17-48 of 16384x5120 and 14336x5120 with their deepest pipelines
-# (10-13 stages); the split ones had only SPLIT_PRODUCER_STAGES until 2026-11-30 (fourteenth
-# session, not yet timed).
+# latency, and the deepest pipeline (17 stages at 16 rows, or as many as the split has k tiles)
+# issues nearly all of them at once. The unsplit producer configs won M = 17-48 of 16384x5120 and
+# 14336x5120 with their deepest pipelines (10-13 stages); the split ones had only
+# SPLIT_PRODUCER_STAGES until 2026-11-30 (fourteenth session; not yet timed).
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 

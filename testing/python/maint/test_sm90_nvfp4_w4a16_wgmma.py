@@ -178,8 +178,8 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
-@pytest.mark.parametrize("m, block_x, shallow", [(1, 16, True), (16, 16, True), (24, 32, True), (48, 48, True), (64, 64, False), (128, 128, False), (256, None, False)])
-def test_tuner_offers_split_k_with_a_producer(m, block_x, shallow):
+@pytest.mark.parametrize("m, block_x, small_m", [(1, 16, True), (16, 16, True), (24, 32, True), (48, 48, True), (64, 64, False), (128, 128, False), (256, None, False)])
+def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
     K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
@@ -194,11 +194,11 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, shallow):
     expected = set()
     for s in tune.WGMMA_SPLITS:
         k_tiles = 6144 // 128 // s
-        for stages in (tune.SPLIT_PRODUCER_STAGES, min(deepest, k_tiles)) if shallow else (deepest,):
+        for stages in (tune.SPLIT_PRODUCER_STAGES, min(deepest, k_tiles)) if small_m else (deepest,):
             if k_tiles >= stages:  # a stage per k tile of a split at most
                 expected.add(wg.WgmmaConfig(block_x, 128, stages, s, True, 2, True))
     assert split == expected
-    if shallow:  # 17 stages at 16 rows: split 3 gets one stage per k tile, 16
+    if small_m:  # 17 stages at 16 rows: split 3 gets one stage per k tile, 16
         assert wg.WgmmaConfig(block_x, 128, min(deepest, 16), 3, True, 2, True) in split and min(deepest, 16) > tune.SPLIT_PRODUCER_STAGES
 
 
