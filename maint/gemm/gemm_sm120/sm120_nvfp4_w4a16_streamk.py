@@ -303,8 +303,10 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     tiles_n = n // hopper.CTA_ROWS
     pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
-    store = example.scaled_store(pipe.acc_size)
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
+    # A tile the fix-up sums is stored straight from the accumulators: staged there too, ptxas spilled
+    # (104 bytes at 256 x rows with a producer) where the partial slots' addresses stay live.
+    scattered_store = example.scaled_store(pipe.acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
@@ -319,16 +321,17 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         return segment[0], segment[1], segment[2], segment[3], segment[4]
 
     @T.macro
-    def finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets):
-        """A segment's result: the whole tile stored, or its piece through ``fixup``."""
-        row_of = lambda q: pipe.x_row(q, bm, lane)  # noqa: E731
-        col_of = lambda q: pipe.w_row(q, bn, lane, warp)  # noqa: E731
+    def finish(acc, x_tiles, stage, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
+        """A segment's result: the whole tile stored (through ``stage``, its last k tile's), or its
+        piece through ``fixup``."""
         if count == k_tiles:
-            store(acc, row_of, col_of, y, alpha_x128, M)  # the whole tile: no partials
+            pipe.store(acc, x_tiles, stage, bm, bn, y, alpha_x128, M, tx, True)  # the whole tile: no partials
         else:
+            row_of = lambda q: pipe.x_row(q, bm, tx % 32)  # noqa: E731
+            col_of = lambda q: pipe.w_row(q, bn, tx % 32, tx // 32)  # noqa: E731
             fixup(
                 acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
-                lambda acc: store(acc, row_of, col_of, y, alpha_x128, M),
+                lambda acc: scattered_store(acc, row_of, col_of, y, alpha_x128, M),
             )  # fmt: skip
 
     @T.prim_func
@@ -353,8 +356,6 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             T.assume(grid > 0)
             T.assume(M > 0)
             tx = T.get_thread_binding()
-            lane = tx % 32
-            warp = tx // 32
             tiles_x = T.ceildiv(M, bx)
             iterations = tiles_x * tiles_n * k_tiles
             begin, end = streamk_range(g, iterations, grid)
@@ -371,14 +372,16 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                         bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
                         pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
-                        finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets)
+                        last_stage = (segment[4] - 1) % stages
+                        finish(acc, x_tiles, last_stage, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                        T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
             else:
                 for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
                     bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
                     pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                     segment[4] = base + count
                     T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                    finish(acc, ticket, g, tile, begin, iterations, grid, count, bm, bn, lane, warp, tx, y, alpha_x128, partials, tickets)
+                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
 
     return nvfp4_w4a16_wgmma_streamk
 

@@ -508,6 +508,7 @@ class WgmmaPipeline(NamedTuple):
     segment: object
     produce: object
     consume: object
+    store: object
 
 
 # The stage barriers' phase arithmetic, shared by the kernel and the CPU model of the producer
@@ -562,7 +563,11 @@ def wgmma_pipeline(
     arguments plus ``empty``) runs the k tiles as above, and k tile ``t``, once its wait has retired
     tile ``t - 1``'s wgmma, releases that tile's stage to the producer. Two consumer warpgroups then
     meet only at the stages, so one's dequant can overlap the other's wgmma; the loads no longer wait
-    for any consumer's barrier.
+    for any consumer's barrier. The last k tile's stage is not released: the caller does that after
+    the output tile has gone through it.
+
+    ``store(acc, x_tiles, stage, bm, bn, y, alpha_x128, m, tx, refilled)`` (the consumers') writes the scaled
+    output tile to ``y`` through the x tile of ``stage``, the segment's last (see ``out_chunks``).
     """
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
@@ -764,14 +769,49 @@ def wgmma_pipeline(
 
     @T.macro
     def consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
+        """As ``segment``, the loads left to the producer; the last k tile's stage stays held: the
+        caller releases it once ``store`` (which stages the output there) or the fix-up is done."""
         for i in T.unroll(acc_size):
             acc[i] = 0.0
         accumulate(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx)
-        T.mbarrier_arrive(empty[(base + count - 1) % stages])  # the last tile's stage: no k tile after it releases it
+
+    sync_consumers = consumer_sync(consumer_threads, threads)
+    # The output tile leaves through shared memory: stored straight from the accumulators, a warp's
+    # BF16 values land 2 bytes apart in four x rows (the D-fragment layout), 1024 scattered stores per
+    # CTA; staged, a thread stores 16 bytes of one x row and a warp whole 128-byte lines. H200
+    # (2026-11-30, 16384 x K at M = 256, one 256-row tile per CTA): the scattered stores cost 5 us
+    # per tile at every K, 8.5 % of the time at K = 5120. The x tile of one stage holds bk weight
+    # rows of the output for each of its bx x rows, the 64-wide panel p holding rows 64p ..; so the
+    # tile goes out in CTA_ROWS / bk passes.
+    out_chunks = bk // X_CHUNK  # 16-byte chunks per x row and pass
+
+    def staged(stage, xl, wl):  # the stage's element of (x row xl, weight row wl of the tile)
+        return stage * panels + wl // SWIZZLE_K % panels, xl, wl % SWIZZLE_K
+
+    @T.macro
+    def store(acc, x_tiles, stage, bm, bn, y, alpha_x128, m, tx, refilled: bool):
+        """``acc`` times ``alpha * 2^7`` of its weight row, as BF16, to ``y`` rows below ``m``, through
+        ``stage``'s x tile, which no wgmma or load may touch until this returns; ``refilled``: a load
+        may follow (stream-K), so every copy must be done and ordered before it."""
+        lane = tx % 32
+        warp = tx // 32
+        for h in T.unroll(rows // bk):
+            sync_consumers()  # the stage's last readers are done: the wgmmas, or the previous pass
+            for q in T.unroll(acc_size):
+                if w_row(q, 0, lane, warp) // bk == h:
+                    x_tiles[staged(stage, x_row(q, 0, lane), w_row(q, 0, lane, warp))] = T.cast(acc[q] * alpha_x128[w_row(q, bn, lane, warp)], T.bfloat16)
+            sync_consumers()
+            for i in T.serial(T.ceildiv(bx * out_chunks, consumer_threads)):
+                xl, wl = (i * consumer_threads + tx) // out_chunks, h * bk + (i * consumer_threads + tx) % out_chunks * X_CHUNK
+                if i * consumer_threads + tx < bx * out_chunks and bm * bx + xl < m:
+                    for v in T.vectorized(X_CHUNK):
+                        y[bm * bx + xl, bn * rows + wl + v] = x_tiles[staged(stage, xl, wl + v)]
+        if refilled:
+            sync_consumers()  # every copy is done before the stage is refilled
+            T.fence_proxy_async()  # ... by TMA, an async-proxy write after these generic accesses
 
     registers = consumer_registers(wgs, producer_ctas)
-    sync_consumers = consumer_sync(consumer_threads, threads)
-    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, sync_consumers, x_row, w_row, setup, segment, produce, consume)
+    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, sync_consumers, x_row, w_row, setup, segment, produce, consume, store)
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -784,22 +824,22 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     rows = CTA_ROWS
     k_tiles = k // split_k // bk
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
-    acc_size, threads, x_row, w_row = pipe.acc_size, pipe.threads, pipe.x_row, pipe.w_row
+    acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
-    store = example.scaled_store(acc_size)
+    last_stage = (k_tiles - 1) % stages  # where ``pipe.store`` stages the output tile
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
     @T.macro
-    def finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, tile, split_index, tx):
+    def finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, tx):
         """The consumers' result: stored, or exchanged and stored by the split's last CTA."""
         if split_k == 1:
-            store(acc, row_of, col_of, y, alpha_x128, M)
+            pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
         else:
             ticket = T.alloc_shared((1,), T.int32)
-            exchange(acc, row_of, partials, tickets, ticket, tile, split_index, M, tx, True)
+            exchange(acc, row_of, partials, tickets, ticket, bm * (n // rows) + bn, split_index, M, tx, True)
             if ticket[0] == split_k - 1:
-                store(acc, row_of, col_of, y, alpha_x128, M)
+                pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -814,10 +854,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
             x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = pipe.setup()
             tx = T.get_thread_binding()
-            lane = tx % 32
-            warp = tx // 32
-            row_of = lambda q: x_row(q, bm, lane)  # noqa: E731
-            col_of = lambda q: w_row(q, bn, lane, warp)  # noqa: E731
+            row_of = lambda q: x_row(q, bm, tx % 32)  # noqa: E731
             kt0 = bk_index * k_tiles
             if config.producer:  # the producer is done after its last load; the consumers finish
                 if tx >= pipe.consumer_threads:
@@ -826,10 +863,10 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
                     pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
-                    finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, bm * (n // rows) + bn, bk_index, tx)
+                    finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, bk_index, tx)
             else:
                 pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
-                finish(acc, row_of, col_of, y, alpha_x128, partials, tickets, bm * (n // rows) + bn, bk_index, tx)
+                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, bk_index, tx)
 
     return nvfp4_w4a16_wgmma
 
