@@ -105,6 +105,27 @@ def registers(report: str) -> int:
     return int(used)
 
 
+@pytest.mark.parametrize(
+    "n, k, config, scattered",
+    [
+        (5120, 6144, wg.WgmmaConfig(256, 64, 4, 1, True, 2, True), 0),  # two passes of 64 weight rows
+        (5120, 6144, wg.WgmmaConfig(128, 128, 5, 3, True, 2, True), 0),  # split-K: one pass of 128
+        (640, 2304, wg.WgmmaConfig(8, 64, 8, 4), 0),
+        (5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True), 1),  # the fix-up's sum: scattered
+    ],
+)
+def test_output_tile_leaves_as_16_byte_stores(n, k, config, scattered):
+    """The output tile goes out through a shared stage as 16-byte stores of whole x rows: stored
+    straight from the accumulators it took 1024 scattered 2-byte stores per CTA, 5 us per tile (H200,
+    results/h200_timings_2026-11-30p_epilogue_probe.json). Only the stream-K fix-up's sum keeps those."""
+    source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
+    assert "*(uint4*)(y + " in source
+    assert len(re.findall(r"\by\[", source)) == scattered
+    if config.producer and isinstance(config, sk.WgmmaStreamKConfig):
+        # consume holds the last k tile's stage; the consumers release it after the store
+        assert "fence_proxy_async" in source
+
+
 def test_split_k_exchange_adds_no_registers():
     """The split-K reduction reads the partials one split at a time: with every split's loads in
     flight (nvcc unrolled the split loop) the 16-row fragment tile at split 8 took 160 registers
