@@ -304,8 +304,8 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
-    # A tile the fix-up sums is stored straight from the accumulators: staged there too, ptxas spilled
-    # (104 bytes at 256 x rows with a producer) where the partial slots' addresses stay live.
+    # A tile the fix-up sums is stored straight from the accumulators: a second staged store there,
+    # beside the whole tiles', made ptxas spill (104 bytes at 256 x rows with a producer).
     scattered_store = example.scaled_store(pipe.acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)

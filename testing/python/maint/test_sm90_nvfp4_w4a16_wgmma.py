@@ -122,7 +122,7 @@ def test_output_tile_leaves_as_16_byte_stores(n, k, config, scattered):
     assert "*(uint4*)(y + " in source
     assert len(re.findall(r"\by\[", source)) == scattered
     if config.producer and isinstance(config, sk.WgmmaStreamKConfig):
-        # consume holds the last k tile's stage; the consumers release it after the store
+        # the producer refills the stage the store went through: its TMA writes follow generic ones
         assert "fence_proxy_async" in source
 
 
