@@ -304,9 +304,6 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
-    # A tile the fix-up sums is stored straight from the accumulators: a second staged store there,
-    # beside the whole tiles', made ptxas spill (104 bytes at 256 x rows with a producer).
-    scattered_store = example.scaled_store(pipe.acc_size)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
@@ -321,18 +318,19 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         return segment[0], segment[1], segment[2], segment[3], segment[4]
 
     @T.macro
-    def finish(acc, x_tiles, stage, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
-        """A segment's result: the whole tile stored (through ``stage``, its last k tile's), or its
-        piece through ``fixup``."""
-        if count == k_tiles:
-            pipe.store(acc, x_tiles, stage, bm, bn, y, alpha_x128, M, tx, True)  # the whole tile: no partials
-        else:
-            row_of = lambda q: pipe.x_row(q, bm, tx % 32)  # noqa: E731
-            col_of = lambda q: pipe.w_row(q, bn, tx % 32, tx // 32)  # noqa: E731
-            fixup(
-                acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
-                lambda acc: scattered_store(acc, row_of, col_of, y, alpha_x128, M),
-            )  # fmt: skip
+    def summed_here(summed):
+        summed[0] = 1
+
+    @T.macro
+    def finish(acc, x_tiles, stage, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
+        """A segment's result: the whole tile, or the sum of its pieces if ``fixup`` made this CTA
+        its reducer, stored through ``stage`` (its last k tile's); one store site for both, so
+        that ptxas sees one."""
+        summed[0] = 0
+        if count < k_tiles:
+            fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, lambda acc: summed_here(summed))
+        if count == k_tiles or summed[0] == 1:
+            pipe.store(acc, x_tiles, stage, bm, bn, y, alpha_x128, M, tx, True)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma_streamk(
@@ -353,6 +351,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             # The fifth counts the k tiles the stages ran before it: the barrier phases go on from there.
             segment = T.alloc_local((5,), T.int32)
             segment[4] = 0
+            summed = T.alloc_local((1,), T.int32)
             T.assume(grid > 0)
             T.assume(M > 0)
             tx = T.get_thread_binding()
@@ -373,7 +372,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                         pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
                         last_stage = (segment[4] - 1) % stages
-                        finish(acc, x_tiles, last_stage, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                        finish(acc, x_tiles, last_stage, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
                         T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
             else:
                 for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
@@ -381,7 +380,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                     pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                     segment[4] = base + count
                     T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
 
     return nvfp4_w4a16_wgmma_streamk
 
