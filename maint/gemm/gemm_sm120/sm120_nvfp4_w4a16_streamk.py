@@ -324,8 +324,9 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     @T.macro
     def finish(acc, x_tiles, stage, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
         """A segment's result: the whole tile, or the sum of its pieces if ``fixup`` made this CTA
-        its reducer, stored through ``stage`` (its last k tile's); one store site for both, so
-        that ptxas sees one."""
+        its reducer, stored through ``stage`` (its last k tile's). ``fixup`` only marks the reducer,
+        so both go through one store site: with a second one for the sum, ptxas spilled 104 bytes
+        (256 x rows with a producer, 2026-11-30)."""
         summed[0] = 0
         if count < k_tiles:
             fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, lambda acc: summed_here(summed))
