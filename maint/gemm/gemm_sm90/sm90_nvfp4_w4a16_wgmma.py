@@ -377,12 +377,20 @@ WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 
 # Two warpgroups above 128 x rows: one x block of up to 256 rows dequantizes the weights once where
 # blocks of 128 rows or less dequantize them twice or more. Beyond 256 rows the heuristic keeps one
-# warpgroup where that takes full 128-row blocks (TMA loads, no padding): there two warpgroups
-# lost 6-11 % (M = 384 and 512, 14336x5120 and 16384x5120). The config is the tight x block, no
+# warpgroup where that takes full 128-row blocks (TMA loads, no padding) unless two warpgroups' tiles
+# spread evenly over the SMs (``two_warpgroup_tiles_load_sms_unevenly``). Where they spread evenly,
+# two warpgroups beat one warpgroup's 128-row blocks in all 15 cells timed since the producer
+# warpgroup and the staged store, by 4-26 % (H200, 2026-11-30s, results/h200_timings_2026-11-30s_
+# two_warpgroups_m256-1024.json: 4096x11008 M = 832 89.9 us against 121.8, 34816x5120 M = 1024 486.8
+# against 538.9; before both they had lost 6-20 %, 2026-11-30e). Where they do not, the dispatch runs
+# them as stream-K, which lost 9 of the 11 cells timed to what it makes of one warpgroup's blocks (by
+# up to 16 %: 4096x4096 M = 512, 37.2 against 32.1) and won 2 by 8 % (M = 512 on 11008x4096 and
+# 4096x11008; same timings). The config is the tight x block, no
 # split, the deepest pipeline that one CTA per SM holds (registers allow no second); the dispatch
 # turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
-# the H200 tuner timings (2026-11-30, five shapes; in-sample): 1.016x the tuner's best on geometric
-# mean, worst 1.14x (34816x5120 M = 544), against 1.076x, worst 1.29x, for one warpgroup alone.
+# the H200 tuner timings (2026-11-30e, five shapes, before the producer warpgroup; in-sample): 1.016x
+# the tuner's best on geometric mean, worst 1.14x (34816x5120 M = 544), against 1.076x, worst 1.29x,
+# for one warpgroup alone; 1.014x on the 55 of them that the even-tiles clause leaves alone.
 # The heuristic's x blocks stay within one wgmma N. The wider ones (two wgmmas per k16 step) won
 # 13-21 % at M = 272 and 304 where N >= 14336 gives 112 or more weight tiles (H200, 2026-11-30f:
 # 16384x5120 M = 272, 74.8 us against 84.0), but took twice as long at 5120x6144 (40 tiles: 86.0
@@ -405,6 +413,13 @@ TWO_WARPGROUP_MIN_K_TILES_PER_SM = 20
 ONE_WAVE_MIN_FILL = 0.95
 
 
+def two_warpgroup_tiles_load_sms_unevenly(m: int, n: int, k: int, sm_count: int) -> bool:
+    """Whether two warpgroups' tiles, one CTA per SM, leave the busiest SM WGMMA_STREAMK_MIN_IMBALANCE
+    times the mean (the dispatch then runs them as stream-K)."""
+    two_tiles = _tiles(m, n, _two_warpgroup_config(m, n, k, sm_count).block_x)
+    return example.sm_imbalance(two_tiles, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+
+
 def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     """Whether the heuristic gives this M two warpgroups (see above)."""
     if m <= ONE_WARPGROUP_MAX_BLOCK_X:
@@ -414,10 +429,10 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     if two_tiles * (k // SWIZZLE_K) < TWO_WARPGROUP_MIN_K_TILES_PER_SM * sm_count:
         return False
     slots = SMALL_M_CTAS_PER_SM * sm_count
-    uneven = example.sm_imbalance(two_tiles, sm_count) >= WGMMA_STREAMK_MIN_IMBALANCE
+    uneven = two_warpgroup_tiles_load_sms_unevenly(m, n, k, sm_count)
     if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
         return False
-    return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X
+    return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X or not uneven
 
 
 # Two consumer warpgroups take a producer warpgroup: on the H200 (2026-11-30i, the tuner's --twins on
