@@ -134,6 +134,14 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # issues nearly all of them at once. The unsplit producer configs won M = 17-48 of 16384x5120 and
 # 14336x5120 with their deepest pipelines (10-13 stages); the split ones had only
 # SPLIT_PRODUCER_STAGES until 2026-11-30 (fourteenth session; not yet timed).
+# Above 128 rows the two-warpgroup covers are the tight blocks of up to 256 rows and wider, but two
+# warpgroups over one warpgroup's tight block (128 rows from M = 225), 128 deep, as stream-K, won
+# where the dispatch ran the wider blocks as stream-K: 5120x6144 M = 232 and 256, 30.9 and 31.0 us
+# against 36.0 and 34.9 for the table's; 11008x4096, 4096x11008 and 6144x4096 M = 256 by 10-17 %
+# (H200, 2026-11-30s, results/h200_timings_2026-11-30s_retune_m232-768.json and _two_warpgroups_
+# m256-1024.json). It lost 34816x5120 M = 232-384 by 2-8 %. Five stages lost to four in all nine
+# cells timed, so it is offered with four.
+NARROW_TWO_WARPGROUP_STREAMK = maint.WgmmaStreamKConfig(maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X, maint.hopper.DEEP_K, 4, 1, True, 2, True)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
@@ -185,11 +193,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 out += [c._replace(producer=producer) for c in (unsplit, *streamks) for producer in (False, True)]
                 if m > WGMMA_SMALL_M and bk == hopper.DEEP_K and bx <= SPLIT_PRODUCER_MAX_BLOCK_X:
                     out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
+    if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:  # see NARROW_TWO_WARPGROUP_STREAMK
+        out.append(NARROW_TWO_WARPGROUP_STREAMK._replace(block_x=tight.block_x))
     return out
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-28 on sm_120, 22-69 on sm_90 over the default shapes;
+    """Configs worth timing at this M (2-28 on sm_120, 25-74 on sm_90 over the default shapes;
     compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
     over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
     wgmma kernel (``wgmma_candidates``)."""

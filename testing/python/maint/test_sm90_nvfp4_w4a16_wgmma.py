@@ -183,7 +183,7 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     two = {c for c in tune.candidates(144, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
     assert wg.WgmmaConfig(144, 64, wg.deepest_stages(144, ctas_per_sm=1), 1, True, 2, True) in two
     assert wg.WgmmaConfig(144, 128, 5, 1, True, 2, True) in two and sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True) in two
-    two = {c for c in tune.candidates(256, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2}
+    two = {c for c in tune.candidates(256, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2 and c.block_x == 256}
     assert wg.WgmmaConfig(256, 64, wg.deepest_stages(256, ctas_per_sm=1), 1, True, 2, True) in two
     assert all(c.block_k == 64 and c._replace(producer=not c.producer) in two for c in two)
     wide = {c for c in tune.candidates(304, 16384, 5120, "sm_90") if getattr(c, "block_x", 0) == 304}
@@ -195,6 +195,9 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     # stream-K also with the deepest pipeline one CTA holds (2026-11-30k)
     assert sk.WgmmaStreamKConfig(96, 128, wg.deepest_stages(96, ctas_per_sm=1, block_k=128), 1, True, 2, True) in two
     assert {c.block_x for c in tune.candidates(32, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2} == {32}
+    # Above 128 rows also two warpgroups' 128-deep stream-K over one warpgroup's tight block (2026-11-30s)
+    for m, block_x in ((144, 80), (256, 128), (1024, 128)):
+        assert sk.WgmmaStreamKConfig(block_x, 128, 4, 1, True, 2, True) in tune.candidates(m, 5120, 6144, "sm_90")
     # At 16 rows and fewer, only split-K with a producer (below).
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
