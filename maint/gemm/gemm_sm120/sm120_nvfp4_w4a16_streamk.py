@@ -538,6 +538,17 @@ SMALL_M_STREAMK_MIN_IMBALANCE = 1.45
 # where it decides, 11 of them above 128 rows (one warpgroup's 128-row x blocks, e.g. 4096x11008 M =
 # 384: 54.5 us against 64.4), and each ran faster than in the run before it: 0.78-0.94x.
 STREAMK_TWO_WARPGROUPS_MIN_M = hopper.SMALL_M
+# Where two warpgroups' x block (up to 256 rows) would run as stream-K with fewer tiles than SMs (every
+# tile cut, into three pieces or more at 40-48 weight tiles) and one warpgroup's tight blocks are two
+# full 128-row blocks (M = 225-256), stream-K over those instead: two warpgroups, one m64 atom each,
+# 128 deep, as the dispatch runs them from SMALL_M up to 128 rows. Half the partial bytes per piece
+# and half the pieces per tile outweigh dequantizing the weights twice. H200, 2026-11-30s
+# (results/h200_timings_2026-11-30s_two_warpgroups_m256-1024.json and _retune_m232-768.json; in-
+# sample): M = 256 on 11008x4096, 4096x11008 and 6144x4096 40.5 / 39.8 / 27.1 us against 45.0 / 45.6 /
+# 32.9; 5120x6144 M = 232 30.9 against 36.0; 5120x17408 M = 256 69.9 against 71.4, M = 232 69.2
+# against 67.6 (the one loss). With more tiles than SMs it lost: 34816x5120 (272 tiles) M = 232 134.4
+# against 123.9, M = 256 136.1 against 134.0.
+NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
 
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
@@ -545,7 +556,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
-    consumer warpgroups and a producer), else the stream-K heuristic (which falls back
+    consumer warpgroups and a producer; at M = 225-256 over 128-row x blocks where the wider ones
+    give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X), else the stream-K heuristic (which falls back
     to the example's). Other archs never get wgmma."""
     if arch == "sm_90":
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
@@ -564,6 +576,9 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
             return config
         deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k
         if config.warpgroups == 2:
+            one = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
+            if one.block_x == NARROW_STREAMK_BLOCK_X and ctas < sm_count and deep_k == hopper.DEEP_K:  # see NARROW_STREAMK_BLOCK_X
+                return WgmmaStreamKConfig(one.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
             return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, 1, True, 2, config.producer)
         if m >= STREAMK_TWO_WARPGROUPS_MIN_M:
             return WgmmaStreamKConfig(config.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
