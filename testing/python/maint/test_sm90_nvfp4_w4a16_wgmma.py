@@ -311,8 +311,7 @@ def test_heuristic_two_warpgroups():
         for n, k in ((16384, 5120), (5120, 6144)):
             c = wg.get_wgmma_config(m, n, k)
             one = wg.tight_wgmma_config(m, n, k)
-            two_tiles = wg._tiles(m, n, wg._two_warpgroup_config(m, n, k, 132).block_x)
-            even = nv.sm_imbalance(two_tiles, 132) < wg.WGMMA_STREAMK_MIN_IMBALANCE
+            even = not wg.two_warpgroup_tiles_load_sms_unevenly(m, n, k, 132)
             assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X or even)), (m, n, k, c)
             if c.warpgroups == 2:
                 assert c == wg.WgmmaConfig(c.block_x, 64, min(wg.deepest_stages(c.block_x, ctas_per_sm=1), k // 64), 1, True, 2, True)
