@@ -380,6 +380,10 @@ PARTIALS_SOURCE = """
 __device__ __forceinline__ void nvfp4_store_partials4(float* dst, const float* acc) {
   __stcg(reinterpret_cast<float4*>(dst), make_float4(acc[0], acc[1], acc[2], acc[3]));
 }
+__device__ __forceinline__ void nvfp4_load_partials4(float* acc, const float* src) {
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+  acc[0] = v.x; acc[1] = v.y; acc[2] = v.z; acc[3] = v.w;
+}
 __device__ __forceinline__ void nvfp4_add_partials4(float* acc, const float* src) {
   const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
   acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
@@ -542,12 +546,14 @@ class PartialSlots(NamedTuple):
     """Macros moving the ``acc_size`` FP32 accumulators of each of ``threads`` threads to and from a
     partial slot (``acc_size * threads`` values, ``[acc_size / 4][threads][4]``: a warp's 16-byte
     accesses cover 512 contiguous bytes). ``store(acc, partials, slot, tx)`` writes them,
-    ``add(acc, partials, slot, tx)`` adds them to ``acc``, 16 bytes at a time; ``element(slot, q,
-    tx)`` is the index of accumulator ``q``, for moving a few one at a time."""
+    ``add(acc, partials, slot, tx)`` adds them to ``acc`` and ``load(acc, partials, slot, tx)`` reads
+    them into it, 16 bytes at a time; ``element(slot, q, tx)`` is the index of accumulator ``q``, for
+    moving a few one at a time."""
 
     store: object
     add: object
     element: object
+    load: object
 
 
 def partial_slots(acc_size: int, threads: int) -> PartialSlots:
@@ -574,7 +580,12 @@ def partial_slots(acc_size: int, threads: int) -> PartialSlots:
         for q4 in T.unroll(acc_size // 4):
             T.evaluate(T.call_extern("handle", "nvfp4_add_partials4", T.address_of(acc[q4 * 4]), four(partials, slot, q4, tx, "r")))
 
-    return PartialSlots(store, add, element)
+    @T.macro
+    def load(acc, partials, slot, tx):
+        for q4 in T.unroll(acc_size // 4):
+            T.evaluate(T.call_extern("handle", "nvfp4_load_partials4", T.address_of(acc[q4 * 4]), four(partials, slot, q4, tx, "r")))
+
+    return PartialSlots(store, add, element, load)
 
 
 def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None):

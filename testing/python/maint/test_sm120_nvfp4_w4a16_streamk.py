@@ -133,7 +133,7 @@ def test_linear_rejects_a_foreign_config():
 def test_streamk_compiles(arch, n, k, config):
     source = sk.compile_streamk(n, k, config, arch).get_kernel_source()
     assert "mul.rn.bf16x2" in source and "cp_async" in source and "AtomicAddRet" in source
-    assert source.count("__syncthreads()") == 3  # one per k tile, two around the ticket
+    assert source.count("__syncthreads()") == 4  # one per k tile; after the arrival, and after the wait or the write
 
 
 def test_assume_positive_grid_removes_sign_fixups():
