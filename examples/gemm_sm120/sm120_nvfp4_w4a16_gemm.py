@@ -392,6 +392,20 @@ __device__ __forceinline__ void nvfp4_add_partials4(float* acc, const float* src
 DEVICE_SOURCE = DEQUANT_SOURCE + PARTIALS_SOURCE  # what every kernel of this family imports
 
 
+# The output tile leaves through shared memory. Stored straight from the accumulators, a warp writes
+# 2-byte values over eight rows (the m16n8 C-fragment layout: four lanes per row, two columns each);
+# staged, a thread stores 16 bytes of one row and a warp whole 128-byte lines. H200, 2026-11-30s
+# (TileConfig(64, 256, 64, 1, 4) and (128, 128, 64, 2, 2) at N = 16384, M = 256, K = 1024): the stores
+# from the accumulators took 7-10 us of a 33-37 us call (results/h200_timings_2026-11-30s_example_
+# epilogue_probe.json); staged, the same calls took 24-26 us, and the example's dispatch ran 0.84-0.92x
+# its time before at M = 64-1024 on 16384x5120 and 5120x6144, level at M <= 16 (2026-11-30u,
+# results/h200_timings_2026-11-30u_example_staged_store.json). Each staged row is padded by
+# OUT_ROW_PAD values (16 bytes), so that the eight rows a warp writes at once start four banks apart
+# and its 4-byte writes hit 32 different banks.
+OUT_ROW_PAD = 8
+OUT_CHUNK = 8  # BF16 values per 16-byte store
+
+
 class KernelShape(NamedTuple):
     """What the kernel template is compiled for; both config kinds map onto it."""
 
@@ -425,6 +439,12 @@ class KernelShape(NamedTuple):
         """The FP32 accumulators k groups 1.. hand to group 0 at the end."""
         return (self.warps_k - 1) * self.group_threads * self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16 * 4
 
+    def output_tile_bytes(self) -> int:
+        """The staged output tile (``WarpTile.staged_store``): block_m rows of block_n + OUT_ROW_PAD
+        BF16 values. TileLang's shared-memory merge places it over the pipeline's buffers, which are
+        dead by then, so it costs nothing where it is no larger than they are."""
+        return self.block_m * (self.block_n + OUT_ROW_PAD) * 2
+
     def shared_bytes(self) -> int:
         per_stage = self.block_m * self.block_k * 2 + self.block_n * self.block_k // 2
         per_stage += self.block_n * self.block_k // SCALE_BLOCK
@@ -440,7 +460,10 @@ class WarpTile(NamedTuple):
     buffers (so the caller picks the pipeline stage). ``store_output(acc, y, alpha_x128, row0, col0, m)``
     (a macro) scales the accumulators by ``alpha * 2^7`` and writes the rows below ``m``. Accumulator
     ``q`` of a thread sits at row ``row0 + acc_row(q)``, column ``col0 + acc_col(q)``, with
-    ``(row0, col0) = origin(...)``.
+    ``(row0, col0) = origin(...)``. ``staged_store(acc, out_tile, y, alpha_x128, tile_m, tile_n, lane,
+    warp_m, warp_n, writes, m, tx)`` (a macro, for every thread of the CTA) does the same through the
+    shared ``out_tile`` (``output_tile(T)`` allocates it): the threads with ``writes`` put their
+    accumulators there, then all of them copy it out in 16-byte rows (see OUT_ROW_PAD).
     """
 
     acc_size: int
@@ -449,6 +472,8 @@ class WarpTile(NamedTuple):
     origin: object
     mma_k_tile: object
     store_output: object
+    staged_store: object
+    output_tile: object
 
 
 def scaled_store(acc_size: int):
@@ -526,7 +551,27 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     def store_output(acc, y, alpha_x128, row0, col0, m):
         store(acc, lambda q: row0 + acc_row(q), lambda q: col0 + acc_col(q), y, alpha_x128, m)
 
-    return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output)
+    bm_, bn_, threads = shape.block_m, shape.block_n, shape.threads
+    row_chunks = bn_ // OUT_CHUNK
+
+    def output_tile(T):
+        return T.alloc_shared((bm_, bn_ + OUT_ROW_PAD), T.bfloat16)
+
+    @T.macro
+    def staged_store(acc, out_tile, y, alpha_x128, tile_m, tile_n, lane, warp_m, warp_n, writes, m, tx):
+        row0, col0 = origin(0, 0, lane, warp_m, warp_n)  # within the tile
+        T.sync_threads()  # the last readers of the buffers out_tile lies over are done
+        if writes:
+            for q in T.unroll(acc_size):
+                out_tile[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[tile_n * bn_ + col0 + acc_col(q)], T.bfloat16)
+        T.sync_threads()
+        for i in T.serial(T.ceildiv(bm_ * row_chunks, threads)):
+            row, col = (i * threads + tx) // row_chunks, (i * threads + tx) % row_chunks * OUT_CHUNK
+            if i * threads + tx < bm_ * row_chunks and tile_m * bm_ + row < m:
+                for v in T.vectorized(OUT_CHUNK):
+                    y[tile_m * bm_ + row, tile_n * bn_ + col + v] = out_tile[row, col + v]
+
+    return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output, staged_store, output_tile)
 
 
 # How a split tile's partials travel: each CTA writes its piece to a slot of the tile, in fragment
@@ -710,6 +755,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
             a_frag = T.alloc_local((2 * shape.m16_tiles_per_warp * 8,), T.bfloat16)
             b_frag = T.alloc_local((32,), T.bfloat16)
             acc = T.alloc_local((wt.acc_size,), T.float32)
+            out_tile = wt.output_tile(T)
             T.import_source(DEVICE_SOURCE)
             T.annotate_layout({x_tile: make_swizzled_layout(x_tile)})
             tx = T.get_thread_binding()
@@ -742,15 +788,14 @@ def build_kernel(n: int, k: int, shape: KernelShape):
                 if warp_k == 0:
                     for g, q in T.grid(shape.warps_k - 1, wt.acc_size):
                         acc[q] += handoff[g, q, group_tx]
-            row0, col0 = wt.origin(bm, bn, lane, warp_m, warp_n)
             if split_k == 1:
-                if warp_k == 0:
-                    wt.store_output(acc, y, alpha_x128, row0, col0, M)
+                wt.staged_store(acc, out_tile, y, alpha_x128, bm, bn, lane, warp_m, warp_n, warp_k == 0, M, tx)
             else:
+                row0, _ = wt.origin(bm, bn, lane, warp_m, warp_n)
                 ticket = T.alloc_shared((1,), T.int32)
                 exchange(acc, lambda q: row0 + wt.acc_row(q), partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0)
-                if ticket[0] == split_k - 1 and warp_k == 0:
-                    wt.store_output(acc, y, alpha_x128, row0, col0, M)
+                if ticket[0] == split_k - 1:  # the same for every thread: the CTA stores together
+                    wt.staged_store(acc, out_tile, y, alpha_x128, bm, bn, lane, warp_m, warp_n, warp_k == 0, M, tx)
 
     return nvfp4_w4a16_gemm
 
@@ -848,6 +893,8 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         smem_per_cta = getattr(config, "SHARED_BYTES_PER_CTA", SM120_SMEM_PER_CTA)
         if s.shared_bytes() > smem_per_cta:
             problems.append(f"needs {s.shared_bytes()} bytes of shared memory, the arch has {smem_per_cta} per CTA")
+        if isinstance(config, (FragConfig, TileConfig)) and s.output_tile_bytes() > s.shared_bytes():
+            problems.append(f"its staged output tile ({s.output_tile_bytes()} bytes) must fit in the pipeline's {s.shared_bytes()}: add stages")
         max_accumulators = getattr(config, "MAX_ACCUMULATORS", MAX_ACCUMULATORS)
         if s.m16_tiles_per_warp * s.n32_blocks_per_warp * 16 > max_accumulators:
             problems.append(f"a warp tile needs more than {max_accumulators} accumulators per thread")

@@ -7,6 +7,7 @@ DESIGN.md section 8, determinism, CUDA graphs.
 """
 
 import pathlib
+import re
 import sys
 
 import pytest
@@ -282,6 +283,8 @@ def test_kernels_compile(arch, config):
     source = kernel.get_kernel_source()
     assert "mul.rn.bf16x2" in source and "mma_sync" in source and "cp_async" in source
     assert "setmaxnreg" not in source  # sm_120 has no setmaxnreg
+    # the output tile leaves through shared memory as 16-byte row stores (OUT_ROW_PAD), none scattered
+    assert "*(uint4*)(y + " in source and not re.findall(r"\by\[", source)
 
 
 def test_parallel_precompile_runs_on_a_cpu_machine():
