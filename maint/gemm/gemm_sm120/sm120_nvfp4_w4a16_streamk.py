@@ -147,9 +147,9 @@ WRITTEN = 1 << 16  # a tile has at most grid <= 65535 pieces
 
 def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
     """The deterministic reduction of an output tile cut between stream-K CTAs, as a macro:
-    ``fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store)``.
+    ``fixup(acc, partials, tickets, ticket, g, tile, iterations, grid, tx, store)``.
 
-    CTA ``g`` (its range starts at iteration ``begin``) arrives at ``tile``'s ticket (see ARRIVED).
+    CTA ``g`` arrives at ``tile``'s ticket (see ARRIVED).
     The others write their piece ``acc`` to their partial slot 0 (their first tile) or 1 (their
     last), in the example's fragment order (``partial_slots``). The last to arrive sums the pieces
     as ``p_first + p_first+1 + ...`` in CTA order, so the result does not depend on arrival order:
@@ -169,7 +169,7 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
         return c * PARTIAL_SLOTS_PER_CTA + T.if_then_else(streamk_range(c, iterations, grid)[0] >= tile_begin, 0, 1)
 
     @T.macro
-    def fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, store):
+    def fixup(acc, partials, tickets, ticket, g, tile, iterations, grid, tx, store):
         tile_begin = tile * k_tiles
         # CTAs holding a piece of this tile: those whose ranges hold its first and last iterations.
         first_cta = streamk_cta_of(tile_begin, iterations, grid)
@@ -306,7 +306,7 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
                         wt.store_output(acc, y, alpha_x128, row0, col0, M)  # the whole tile: no partials
                     else:
                         fixup(
-                            acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx,
+                            acc, partials, tickets, ticket, g, tile, iterations, grid, tx,
                             lambda acc: wt.store_output(acc, y, alpha_x128, row0, col0, M),
                         )  # fmt: skip
                     for q in T.unroll(wt.acc_size):
@@ -352,14 +352,14 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         summed[0] = 1
 
     @T.macro
-    def finish(acc, x_tiles, stage, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
+    def finish(acc, x_tiles, stage, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets):
         """A segment's result: the whole tile, or the sum of its pieces if ``fixup`` made this CTA
         its reducer, stored through ``stage`` (its last k tile's). ``fixup`` only marks the reducer,
         so both go through one store site: with a second one for the sum, ptxas spilled 104 bytes
         (256 x rows with a producer, 2026-11-30)."""
         summed[0] = 0
         if count < k_tiles:
-            fixup(acc, partials, tickets, ticket, g, tile, begin, iterations, grid, tx, lambda acc: summed_here(summed))
+            fixup(acc, partials, tickets, ticket, g, tile, iterations, grid, tx, lambda acc: summed_here(summed))
         if count == k_tiles or summed[0] == 1:
             pipe.store(acc, x_tiles, stage, bm, bn, y, alpha_x128, M, tx, True)
 
@@ -403,7 +403,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                         pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                         segment[4] = base + count
                         last_stage = (segment[4] - 1) % stages
-                        finish(acc, x_tiles, last_stage, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                        finish(acc, x_tiles, last_stage, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
                         T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
             else:
                 for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
@@ -411,7 +411,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                     pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
                     segment[4] = base + count
                     T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, begin, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
 
     return nvfp4_w4a16_wgmma_streamk
 
