@@ -406,6 +406,25 @@ OUT_ROW_PAD = 8
 OUT_CHUNK = 8  # BF16 values per 16-byte store
 
 
+def row_chunk_copy(rows: int, cols: int, threads: int):
+    """``copy(y, tile, row0, col0, m, tx)`` (a macro): a staged ``rows x cols`` output tile to
+    ``y[row0:, col0:]``, OUT_CHUNK values (16 bytes) of one row per thread and store, rows below ``m``
+    only; ``tile(r, c)`` reads the staged value. maint's wgmma kernel stores through it too."""
+    import tilelang.language as T
+
+    chunks = cols // OUT_CHUNK
+
+    @T.macro
+    def copy(y, tile, row0, col0, m, tx):
+        for i in T.serial(T.ceildiv(rows * chunks, threads)):
+            row, col = (i * threads + tx) // chunks, (i * threads + tx) % chunks * OUT_CHUNK
+            if i * threads + tx < rows * chunks and row0 + row < m:
+                for v in T.vectorized(OUT_CHUNK):
+                    y[row0 + row, col0 + col + v] = tile(row, col + v)
+
+    return copy
+
+
 class KernelShape(NamedTuple):
     """What the kernel template is compiled for; both config kinds map onto it."""
 
@@ -551,8 +570,8 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     def store_output(acc, y, alpha_x128, row0, col0, m):
         store(acc, lambda q: row0 + acc_row(q), lambda q: col0 + acc_col(q), y, alpha_x128, m)
 
-    bm_, bn_, threads = shape.block_m, shape.block_n, shape.threads
-    row_chunks = bn_ // OUT_CHUNK
+    bm_, bn_ = shape.block_m, shape.block_n
+    copy_out = row_chunk_copy(bm_, bn_, shape.threads)
 
     def output_tile(T):
         return T.alloc_shared((bm_, bn_ + OUT_ROW_PAD), T.bfloat16)
@@ -565,11 +584,7 @@ def warp_tile(shape: KernelShape) -> WarpTile:
             for q in T.unroll(acc_size):
                 out_tile[row0 + acc_row(q), col0 + acc_col(q)] = T.cast(acc[q] * alpha_x128[tile_n * bn_ + col0 + acc_col(q)], T.bfloat16)
         T.sync_threads()
-        for i in T.serial(T.ceildiv(bm_ * row_chunks, threads)):
-            row, col = (i * threads + tx) // row_chunks, (i * threads + tx) % row_chunks * OUT_CHUNK
-            if i * threads + tx < bm_ * row_chunks and tile_m * bm_ + row < m:
-                for v in T.vectorized(OUT_CHUNK):
-                    y[tile_m * bm_ + row, tile_n * bn_ + col + v] = out_tile[row, col + v]
+        copy_out(y, lambda r, c: out_tile[r, c], tile_m * bm_, tile_n * bn_, m, tx)
 
     return WarpTile(acc_size, acc_row, acc_col, origin, mma_k_tile, store_output, staged_store, output_tile)
 

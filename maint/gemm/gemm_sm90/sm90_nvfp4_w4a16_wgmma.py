@@ -582,7 +582,7 @@ def wgmma_pipeline(
     the output tile has gone through it.
 
     ``store(acc, x_tiles, stage, bm, bn, y, alpha_x128, m, tx, refilled)`` (the consumers') writes the scaled
-    output tile to ``y`` through the x tile of ``stage``, the segment's last (see ``out_chunks``).
+    output tile to ``y`` through the x tile of ``stage``, the segment's last (see ``copy_out``).
     """
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
@@ -798,7 +798,7 @@ def wgmma_pipeline(
     # per tile at every K, 8.5 % of the time at K = 5120. The x tile of one stage holds bk weight
     # rows of the output for each of its bx x rows, the 64-wide panel p holding rows 64p ..; so the
     # tile goes out in CTA_ROWS / bk passes.
-    out_chunks = bk // X_CHUNK  # 16-byte chunks per x row and pass
+    copy_out = example.row_chunk_copy(bx, bk, consumer_threads)  # one pass: bk weight rows of each x row
 
     def staged(stage, xl, wl):  # the stage's element of (x row xl, weight row wl of the tile)
         return stage * panels + wl // SWIZZLE_K % panels, xl, wl % SWIZZLE_K
@@ -816,11 +816,7 @@ def wgmma_pipeline(
                 if w_row(q, 0, lane, warp) // bk == h:
                     x_tiles[staged(stage, x_row(q, 0, lane), w_row(q, 0, lane, warp))] = T.cast(acc[q] * alpha_x128[w_row(q, bn, lane, warp)], T.bfloat16)
             sync_consumers()
-            for i in T.serial(T.ceildiv(bx * out_chunks, consumer_threads)):
-                xl, wl = (i * consumer_threads + tx) // out_chunks, h * bk + (i * consumer_threads + tx) % out_chunks * X_CHUNK
-                if i * consumer_threads + tx < bx * out_chunks and bm * bx + xl < m:
-                    for v in T.vectorized(X_CHUNK):
-                        y[bm * bx + xl, bn * rows + wl + v] = x_tiles[staged(stage, xl, wl + v)]
+            copy_out(y, lambda xl, wl: x_tiles[staged(stage, xl, h * bk + wl)], bm * bx, bn * rows + h * bk, m, tx)
         if refilled:
             sync_consumers()  # every copy is done before the stage is refilled
             T.fence_proxy_async()  # ... by TMA, an async-proxy write after these generic accesses
