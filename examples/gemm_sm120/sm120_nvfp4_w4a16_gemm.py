@@ -875,7 +875,8 @@ DEFAULT_STAGES = 4  # cp.async stages the heuristic uses; deeper pipelines measu
 def _field_ok(config, name: str, value) -> bool:
     if type(config).__annotations__[name] is bool:  # a switch (the maint wgmma configs' tma_loads)
         return isinstance(value, bool)
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    # An int field is positive unless its config type names a lower minimum in ``FIELD_MINIMUMS``.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= getattr(config, "FIELD_MINIMUMS", {}).get(name, 1)
 
 
 def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileConfig)) -> None:
@@ -888,7 +889,7 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
     s = config.kernel_shape()
     problems = []
     if not all(_field_ok(config, name, v) for name, v in zip(config._fields, config)):
-        problems.append("every int field must be a positive int, every bool field a bool")
+        problems.append("every int field must be a positive int (or at least its FIELD_MINIMUMS entry), every bool field a bool")
     else:
         if isinstance(config, FragConfig) and config.block_m > FRAG_MAX_BLOCK_M:
             problems.append(f"FragConfig.block_m must be <= {FRAG_MAX_BLOCK_M}")

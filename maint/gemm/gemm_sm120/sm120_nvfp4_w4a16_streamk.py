@@ -67,7 +67,10 @@ class StreamKConfig(NamedTuple):
 class WgmmaStreamKConfig(NamedTuple):
     """Stream-K over the wgmma kernel (sm_90 only): ``ctas_per_sm`` persistent CTAs per SM, each
     running ``hopper.wgmma_pipeline`` segments of ``block_x``-row x blocks and 128 weight rows.
-    ``producer`` as in ``hopper.WgmmaConfig``."""
+    ``producer`` as in ``hopper.WgmmaConfig``. ``streamk_waves`` = 0 cuts the whole (tile, k tile)
+    space into equal ranges; ``w`` >= 1 cuts only the tiles left over by whole waves plus ``w - 1``
+    waves (``streamk_tiles``): the CTAs share those first, then take the rest whole, one per CTA per
+    wave."""
 
     block_x: int = 128
     block_k: int = hopper.SWIZZLE_K
@@ -76,8 +79,10 @@ class WgmmaStreamKConfig(NamedTuple):
     tma_loads: bool = False
     warpgroups: int = 1
     producer: bool = False
+    streamk_waves: int = 0
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
+    FIELD_MINIMUMS = {"streamk_waves": 0}  # 0: plain stream-K
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
     MAX_ACCUMULATORS = hopper.WgmmaConfig.MAX_ACCUMULATORS
 
@@ -129,6 +134,46 @@ def streamk_grid(sm_count: int, ctas_per_sm: int, iterations: int) -> int:
 def streamk_cta_of(i, iterations, grid):
     """The CTA whose range holds iteration ``i``: the g with g I / G <= i < (g + 1) I / G."""
     return ((i + 1) * grid - 1) // iterations
+
+
+# Stream-K with whole tiles after it (``WgmmaStreamKConfig.streamk_waves``). Plain stream-K cuts
+# nearly every CTA's range inside tiles, so the CTAs run at scattered k positions of their tiles, and
+# each cut costs a partial's round trip. With whole waves the CTAs run in step (the tiles of one wave
+# share x blocks and weight tiles through L2) and only the stream-K share is cut. That share comes
+# first, so that its sums happen while the waves run: the tiles left over by the whole waves, plus
+# ``streamk_waves - 1`` waves. One left-over tile cut over many CTAs costs its summing CTA a read of
+# every other piece, and a wave more in the share gives each tile at most two pieces; which one wins
+# depends on the shape (H200, 2026-11-30: 5120x17408 M = 1024, 160 tiles on 132 CTAs, 231.6 us with
+# 28 shared against 249.5 plain; 34816x5120 M = 1024, 1088 tiles, 449.8 with 164 shared against 465.8
+# with 32 and 468.5 plain), so the tuner offers both.
+
+
+def streamk_tiles(tiles: int, k_tiles: int, grid: int, streamk_waves: int) -> int:
+    """The tiles the CTAs share as stream-K (tiles ``[0, S)``); the rest run whole, tile ``S + g + j *
+    grid`` on CTA ``g`` in wave ``j``. All of them with ``streamk_waves`` = 0 or under one wave. A
+    wave more where the share would leave a CTA without an iteration."""
+    if not streamk_waves or tiles < grid:
+        return tiles
+    shared = tiles % grid + (streamk_waves - 1) * grid
+    if 0 < shared * k_tiles < grid:
+        shared += grid
+    return min(shared, tiles)
+
+
+def streamk_segments(phase, g, begin, end, tiles, sk_tiles, grid, k_tiles, select):
+    """CTA ``g``'s segments in ``phase`` 0, the tiles its stream-K range ``[begin, end)`` touches,
+    and phase 1 (``streamk_waves``), its whole tiles, one per wave: the loop ``[start, stop)`` over
+    them. ``select(c, a, b)`` is ``a if c else b`` (``T.if_then_else`` in the kernel, where ``phase``
+    is an unrolled loop's variable); ints and TileLang expressions alike, as ``streamk_range``."""
+    whole = (tiles - sk_tiles - g + grid - 1) // grid  # 0 for the CTAs the last wave leaves out
+    return select(phase == 0, begin // k_tiles, 0), select(phase == 0, (end - 1) // k_tiles + 1, whole)
+
+
+def streamk_segment(phase, s, begin, end, g, sk_tiles, grid, k_tiles, select):
+    """Segment ``s`` of ``streamk_segments``' loop as ``(tile, lo, hi)``: the tile and the iterations
+    it is clipped to."""
+    whole = sk_tiles + g + s * grid
+    return select(phase == 0, s, whole), select(phase == 0, begin, whole * k_tiles), select(phase == 0, end, whole * k_tiles + k_tiles)
 
 
 # A tile's ticket counts its pieces' CTAs twice: as they arrive (ARRIVED each, the low half) and as
@@ -320,8 +365,10 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     """Stream-K over the wgmma kernel for an ``N x K`` weight (sm_90a); the grid size is a run-time scalar.
 
     Output tile ``t`` is x block ``t % tiles_x`` of weight tile ``t // tiles_x`` (neighbouring x blocks
-    share weights through L2). CTA ``g``'s range of (tile, k tile) iterations is cut into segments,
-    one per tile it touches; each runs the wgmma kernel's pipeline with a run-time k-tile count. A
+    share weights through L2). The first ``sk_tiles`` tiles (a run-time scalar, ``streamk_tiles``)
+    run as stream-K: CTA ``g``'s range of their (tile, k tile) iterations is cut into segments, one
+    per tile it touches; then, with ``streamk_waves``, it takes tiles ``sk_tiles + g + j * grid``
+    whole. Each segment runs the wgmma kernel's pipeline with a run-time k-tile count. A
     segment that covers its whole tile stores it; pieces go through ``streamk_fixup``. With a
     producer warpgroup (``config.producer``) it walks the same segments issuing the loads while the
     consumers run ``pipe.consume`` on each and store or fix up; they meet only at the stage barriers.
@@ -338,14 +385,24 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     ops = example.operands(n, k, M)
 
     @T.macro
-    def cut(segment, tile, begin, end, tiles_x):
-        """Segment ``tile`` of a CTA's range ``[begin, end)`` into ``segment[0:4]``: its x block, weight
-        tile, k-tile count and first k tile; returns them and ``segment[4]``, the k tiles before it."""
+    def cut(segment, where, tiles_x):
+        """Segment ``where = (tile, begin, end)``, a tile clipped to the iterations ``[begin, end)``,
+        into ``segment[0:4]``: its x block, weight tile, k-tile count and first k tile; returns the
+        tile, those and ``segment[4]``, the k tiles before it."""
+        tile, begin, end = where
         segment[0] = tile % tiles_x
         segment[1] = tile // tiles_x
         segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
         segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
-        return segment[0], segment[1], segment[2], segment[3], segment[4]
+        return tile, segment[0], segment[1], segment[2], segment[3], segment[4]
+
+    phases = 2 if config.streamk_waves else 1  # stream-K pieces, then whole tiles (streamk_segments)
+
+    def phase_loop(phase, g, begin, end, tiles, sk_tiles, grid):
+        return streamk_segments(phase, g, begin, end, tiles, sk_tiles, grid, k_tiles, T.if_then_else)
+
+    def where(phase, s, g, begin, end, sk_tiles, grid):
+        return streamk_segment(phase, s, begin, end, g, sk_tiles, grid, k_tiles, T.if_then_else)
 
     @T.macro
     def summed_here(summed):
@@ -373,6 +430,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         partials: ops.partials,
         tickets: ops.tickets,
         grid: T.int32,
+        sk_tiles: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as g:
             x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = pipe.setup()
@@ -387,31 +445,36 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             T.assume(M > 0)
             tx = T.get_thread_binding()
             tiles_x = T.ceildiv(M, bx)
-            iterations = tiles_x * tiles_n * k_tiles
+            # The host passes sk_tiles = every tile unless streamk_waves (streamk_tiles).
+            iterations = sk_tiles * k_tiles if config.streamk_waves else tiles_x * tiles_n * k_tiles
+            T.assume(sk_tiles >= 0)
             begin, end = streamk_range(g, iterations, grid)
             if config.producer:  # the producer walks the same segments; the consumers store
                 if tx >= pipe.consumer_threads:
                     T.set_max_nreg(hopper.PRODUCER_REGISTERS, 0)
-                    for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                        bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
-                        pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
-                        segment[4] = base + count
+                    for phase in T.unroll(phases):
+                        for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
+                            tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
+                            pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
+                            segment[4] = base + count
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
-                    for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                        bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
-                        pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
-                        segment[4] = base + count
-                        last_stage = (segment[4] - 1) % stages
-                        finish(acc, x_tiles, last_stage, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
-                        T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
+                    for phase in T.unroll(phases):
+                        for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
+                            tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
+                            pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                            segment[4] = base + count
+                            last_stage = (segment[4] - 1) % stages
+                            finish(acc, x_tiles, last_stage, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                            T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
             else:
-                for tile in T.serial(begin // k_tiles, (end - 1) // k_tiles + 1):
-                    bm, bn, count, kt0, base = cut(segment, tile, begin, end, tiles_x)
-                    pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
-                    segment[4] = base + count
-                    T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                    finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
+                for phase in T.unroll(phases):
+                    for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
+                        tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
+                        pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                        segment[4] = base + count
+                        T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
+                        finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
 
     return nvfp4_w4a16_wgmma_streamk
 
@@ -497,15 +560,18 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
 def launch_wgmma_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: WgmmaStreamKConfig, out: torch.Tensor) -> None:
     """One launch of stream-K over the wgmma kernel on checked inputs (at most 1024 rows); sm_90 only."""
     check_any_config(config, w.n, w.k, example.device_arch(w.device))
-    rows = hopper.CTA_ROWS
-    iterations = math.ceil(x.shape[0] / config.block_x) * (w.n // rows) * (w.k // config.block_k)
-    compile_fn = functools.partial(compile_wgmma_streamk, w.n, w.k, config)
-    _run_streamk(x, w, config, out, iterations, config.block_x * rows, (w.n, w.k, config, w.device.index), compile_fn)
+    rows, k_tiles = hopper.CTA_ROWS, w.k // config.block_k
+    tiles = math.ceil(x.shape[0] / config.block_x) * (w.n // rows)
+    kernel_config = config._replace(streamk_waves=min(config.streamk_waves, 1))  # the share is a launch argument
+    compile_fn = functools.partial(compile_wgmma_streamk, w.n, w.k, kernel_config)
+    _run_streamk(x, w, config, out, tiles * k_tiles, config.block_x * rows, (w.n, w.k, kernel_config, w.device.index), compile_fn,
+                 lambda grid: (streamk_tiles(tiles, k_tiles, grid, config.streamk_waves),))
 
 
-def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, compile_fn) -> None:
+def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, compile_fn, scalars=lambda grid: ()) -> None:
     """What both stream-K launchers share: the grid, the 32-bit offset check, the kernel cache, the
-    partial slots (``tile_floats`` per slot) and the tickets."""
+    partial slots (``tile_floats`` per slot) and the tickets. ``scalars(grid)``: the kernel's
+    arguments after the grid."""
     grid = streamk_grid(example.sm_count(w.device), config.ctas_per_sm, iterations)
     if (iterations + 1) * (grid + 1) >= 2**31:
         raise ValueError(f"config {config}: {iterations} iterations x {grid} CTAs exceed 32-bit offsets")
@@ -514,7 +580,7 @@ def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, comp
         kernel = _STREAMK_KERNELS[key] = compile_fn()
     ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
     partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * tile_floats, dtype=torch.float32, device=x.device)
-    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid)
+    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid, *scalars(grid))
 
 
 # ----------------------------------------------------------------------------------------------

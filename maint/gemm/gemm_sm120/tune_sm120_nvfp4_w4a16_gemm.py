@@ -142,6 +142,12 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # m256-1024.json). It lost 34816x5120 M = 232-384 by 2-8 %. Five stages lost to four in all nine
 # cells timed, so it is offered with four.
 NARROW_TWO_WARPGROUP_STREAMK = maint.WgmmaStreamKConfig(maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X, maint.hopper.DEEP_K, 4, 1, True, 2, True)
+# Stream-K with whole waves after it (``maint.streamk_tiles``), offered beside the two-warpgroup
+# producer stream-K candidates (every stream-K winner above 192 rows was one) wherever their tiles
+# outnumber the CTAs: the stream-K share of the left-over tiles alone, and of those plus a wave.
+# H200, 2026-11-30 (first probe, the table's configs): 0.93-0.98x plain stream-K's time on 9 of 11
+# cells; it lost 5120x6144 M = 512 and 1024 (1.04 and 1.05x).
+STREAMK_WAVES = (1, 2)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
@@ -195,6 +201,20 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                     out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:  # see NARROW_TWO_WARPGROUP_STREAMK
         out.append(NARROW_TWO_WARPGROUP_STREAMK._replace(block_x=tight.block_x))
+    return out + streamk_waves_twins(out, m, n, k, sm_count)
+
+
+def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:
+    """``STREAMK_WAVES`` twins of the two-warpgroup producer stream-K configs among ``configs``, one
+    per distinct stream-K share that leaves whole waves (``maint.streamk_tiles``)."""
+    out = []
+    for c in configs:
+        if not (isinstance(c, maint.WgmmaStreamKConfig) and c.warpgroups == 2 and c.producer and not c.streamk_waves):
+            continue
+        tiles, k_tiles = -(-m // c.block_x) * (n // maint.hopper.CTA_ROWS), k // c.block_k
+        grid = maint.streamk_grid(sm_count, c.ctas_per_sm, tiles * k_tiles)
+        shares = {maint.streamk_tiles(tiles, k_tiles, grid, w): w for w in reversed(STREAMK_WAVES)}
+        out += [c._replace(streamk_waves=w) for shared, w in shares.items() if shared < tiles]
     return out
 
 

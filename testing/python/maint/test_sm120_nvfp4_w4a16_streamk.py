@@ -54,6 +54,37 @@ def test_streamk_schedule_covers_every_iteration_once(tiles, k_tiles, ctas):
                 assert pieces[(c, slot)] == tile
 
 
+@pytest.mark.parametrize("waves", [1, 2, 3])
+@pytest.mark.parametrize("tiles, k_tiles, grid", [(160, 96, 132), (272, 80, 132), (1088, 80, 132), (132, 16, 132), (512, 16, 132), (1024, 16, 264), (100, 8, 132), (7, 3, 5), (133, 1, 132), (300, 2, 132)])
+def test_streamk_waves_schedule_covers_every_iteration_once(tiles, k_tiles, grid, waves):
+    """``WgmmaStreamKConfig.streamk_waves``: the kernel's two phases of segments (``streamk_segments``,
+    ``streamk_segment``, and ``cut``'s clipping, emulated) cover every (tile, k tile) once; only the
+    first ``streamk_tiles`` tiles are cut, every CTA has stream-K work if any tile is shared, and the
+    rest run whole, the same number of them on every CTA."""
+    shared = sk.streamk_tiles(tiles, k_tiles, grid, waves)
+    assert sk.streamk_tiles(tiles, k_tiles, grid, 0) == tiles
+    if tiles < grid:
+        assert shared == tiles
+    else:
+        assert (tiles - shared) % grid == 0 or shared == tiles
+        assert shared in (tiles, tiles % grid + (waves - 1) * grid, tiles % grid + waves * grid)  # one wave more only where needed
+    assert shared == 0 or shared * k_tiles >= grid  # every stream-K range is non-empty
+    select = lambda c, a, b: a if c else b  # noqa: E731
+    covered, whole_counts = [], []
+    for g in range(grid):
+        begin, end = sk.streamk_range(g, shared * k_tiles, grid) if shared else (0, 0)
+        for phase in (0, 1):
+            segments = range(*sk.streamk_segments(phase, g, begin, end, tiles, shared, grid, k_tiles, select))
+            for s in segments:
+                tile, lo, hi = sk.streamk_segment(phase, s, begin, end, g, shared, grid, k_tiles, select)
+                lo, hi = max(lo, tile * k_tiles), min(hi, tile * k_tiles + k_tiles)  # as cut clips them
+                assert (tile < shared) == (phase == 0) and (hi - lo == k_tiles or phase == 0)
+                covered += [(tile, i - tile * k_tiles) for i in range(lo, hi)]
+        whole_counts.append(len(segments))
+    assert sorted(covered) == [(t, i) for t in range(tiles) for i in range(k_tiles)]
+    assert len(set(whole_counts)) == 1
+
+
 # ---------------------------------------------------------------- CPU: configs and tables
 
 CONFIG_SHAPES = [

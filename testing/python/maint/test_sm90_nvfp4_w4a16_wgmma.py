@@ -683,6 +683,10 @@ PRODUCER_CASES = [
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True)),
     (70, 640, 2304, sk.WgmmaStreamKConfig(64, 64, 4, 2, True, 2, True)),  # the most operands that fit: 64
     (16, 34816, 5120, sk.WgmmaStreamKConfig(16, 64, 8, 2, True, 2, True)),
+    # streamk_waves: stream-K over the tiles left after whole waves, then the waves (H200 SM count)
+    (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
+    (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
+    (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -695,6 +699,8 @@ STREAMK_CASES = [
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, warpgroups=2)),  # two wgmmas per k16 step
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2)),  # 128-deep k tiles: 5 tiles x 18 k tiles
     (32, 11008, 4096, sk.WgmmaStreamKConfig(32, 128, 4, 2)),  # the heuristic's: 86 tiles x 32 k tiles over 264 CTAs
+    (1024, 16384, 1024, sk.WgmmaStreamKConfig(128, 64, 4, 2, streamk_waves=2)),  # 1024 tiles, 264 CTAs: 496 cut (232 and a wave), two waves
+    (512, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 2, streamk_waves=1)),  # 264 tiles over 264 CTAs: all whole
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
@@ -943,6 +949,8 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         (5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2)),
         (5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True)),
         (11008, 4096, sk.WgmmaStreamKConfig(32, 128, 4, 2)),  # the heuristic's 128-deep stream-K at M = 17-32
+        (5120, 6144, sk.WgmmaStreamKConfig(128, 64, 4, 2, True, streamk_waves=1)),  # whole tiles after the pieces
+        (5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)),
     ):
         report = ptxas_report(sk.compile_wgmma_streamk(n, k, config).get_kernel_source())
         assert "Used" in report and "C7513" not in report and "serialized" not in report, report
@@ -961,6 +969,8 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
         sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
         sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
+        sk.WgmmaStreamKConfig(streamk_waves=-1),  # 0 is plain stream-K, no fewer
+        sk.WgmmaStreamKConfig(streamk_waves=True),  # an int field
     ],
 )
 def test_streamk_bad_configs(config):
@@ -1001,9 +1011,11 @@ def test_streamk_runs_on_sm90_only():
 
 
 def test_streamk_config_round_trips_through_a_table_entry():
-    config = sk.WgmmaStreamKConfig(96, 64, 5, 2)
-    entry = sk.config_to_json(config)
-    assert entry["kind"] == "WgmmaStreamKConfig" and type(sk.config_from_json(entry)) is sk.WgmmaStreamKConfig
+    for config in (sk.WgmmaStreamKConfig(96, 64, 5, 2), sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)):
+        entry = sk.config_to_json(config)
+        assert entry["kind"] == "WgmmaStreamKConfig" and sk.config_from_json(entry) == config
+    del entry["config"]["streamk_waves"]  # a table written before the field: plain stream-K
+    assert sk.config_from_json(entry) == sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)
 
 
 @needs_sm90
