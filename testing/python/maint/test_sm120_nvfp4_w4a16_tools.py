@@ -194,6 +194,29 @@ def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
     ]  # fmt: skip
 
 
+def test_tuner_final_race_rotates_the_order_and_keeps_each_configs_best_round(monkeypatch):
+    """``final_race``: only the first pass's ``FINALISTS`` run again, each round starts with another of
+    them, and each is ranked by its best round. Config c takes 10 + c us, plus 0.4 us per config run
+    before it in the round (a GPU slowing under load); the first pass saw a stronger drift and ranked
+    them backwards."""
+    orders = []
+
+    def fake_time_configs(x, weights, configs):
+        orders.append(list(configs))
+        return sorted(((10.0 + 0.4 * position + config, config) for position, config in enumerate(configs)), key=lambda t: t[0])
+
+    monkeypatch.setattr(tune, "time_configs", fake_time_configs)
+    # First pass: config 3 timed first (13.0) looks faster than config 0 timed fourth (16.0).
+    timed = [(13.0, 3), (14.5, 2), (15.0, 1), (16.0, 0), (17.0, 9)]
+    final = tune.final_race(None, None, timed)
+    finalists = [3, 2, 1, 0][: tune.FINALISTS]
+    assert len(orders) == tune.FINAL_ROUNDS and all(sorted(o) == sorted(finalists) for o in orders)
+    assert len({o[0] for o in orders}) == min(tune.FINAL_ROUNDS, len(finalists))  # a different config leads each round
+    best = {c: min(10.0 + 0.4 * o.index(c) + c for o in orders) for c in finalists}
+    assert final == sorted(((us, c) for c, us in best.items()), key=lambda t: t[0])
+    assert final[0][1] == 0 and 9 not in [c for _, c in final]
+
+
 def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     """``--twins FIELD=VALUE[,...]``: integers and booleans; a twin is the dispatch's config with those
     fields changed, left out where the config has no such field or the twin does not fit."""

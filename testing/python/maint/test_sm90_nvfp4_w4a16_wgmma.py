@@ -202,6 +202,23 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
+def test_tuner_offers_whole_wave_twins_where_tiles_outnumber_the_ctas():
+    """``streamk_waves`` twins of the two-warpgroup producer stream-K candidates, one per distinct
+    stream-K share short of every tile: none while the tiles fit one wave, both shares on 34816x5120
+    at M = 1024 (1088 tiles of 256 rows: 32 and 164 shared), only the left-over one where a wave more
+    would share every tile (5120x6144 M = 512: 160 tiles of 128 rows, 28 and 160)."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    def twins(m, n, k):
+        return [c for c in tune.candidates(m, n, k, "sm_90") if getattr(c, "streamk_waves", 0)]
+
+    assert twins(256, 5120, 6144) == []  # at most 80 tiles for 132 CTAs
+    big = twins(1024, 34816, 5120)
+    assert all(c.warpgroups == 2 and c.producer and c._replace(streamk_waves=0) in tune.candidates(1024, 34816, 5120, "sm_90") for c in big)
+    assert {c.streamk_waves for c in big if c.block_x == 256 and c.block_k == 64} == {1, 2}
+    assert {c.streamk_waves for c in twins(512, 5120, 6144) if c.block_x == 128} == {1}
+
+
 @pytest.mark.parametrize("m, block_x, small_m", [(1, 16, True), (16, 16, True), (24, 32, True), (48, 48, True), (64, 64, False), (128, 128, False), (256, None, False)])
 def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
