@@ -201,7 +201,29 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                     out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:  # see NARROW_TWO_WARPGROUP_STREAMK
         out.append(NARROW_TWO_WARPGROUP_STREAMK._replace(block_x=tight.block_x))
+    wave = one_wave_block_x(m, n, sm_count)
+    if m > TWO_WARPGROUP_MIN_M and wave:
+        for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
+            stages = hopper.deepest_stages(wave, ctas_per_sm=1, block_k=bk)
+            if bk == hopper.SWIZZLE_K or stages >= WGMMA_DEEP_K_MIN_STAGES:
+                out.append(W(wave, stages, 1, 2, bk=bk)._replace(tma_loads=True, producer=True))
     return out + streamk_waves_twins(out, m, n, k, sm_count)
+
+
+def one_wave_block_x(m: int, n: int, sm_count: int) -> Optional[int]:
+    """The x block (a multiple of 16) that cuts M into as many blocks as the weight tiles leave room
+    for in one wave; None where that is one block or wider than two warpgroups take. The covers
+    above split M into as few blocks as they can, which on N = 5120 (40 weight tiles, three blocks'
+    worth on 132 SMs) leaves 40 or 80 tiles at M = 129-512 and so stream-K; three blocks give 120
+    whole tiles. Unsplit with whole tiles the same pipeline ran 5120x17408 M = 768 (three 256-row
+    blocks) at 823 TFLOP/s. Offered unsplit, two consumer warpgroups and a producer, the deepest
+    pipeline; not yet timed below M = 513 (2026-11-30)."""
+    tiles_n = n // maint.hopper.CTA_ROWS
+    x_blocks = min(sm_count // tiles_n, -(-m // 16))
+    if x_blocks < 2:
+        return None
+    block_x = 16 * -(-m // (16 * x_blocks))
+    return block_x if block_x <= maint.hopper.MAX_BLOCK_X else None
 
 
 def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:
@@ -219,7 +241,7 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-28 on sm_120, 25-74 on sm_90 over the default shapes;
+    """Configs worth timing at this M (2-28 on sm_120, 26-74 on sm_90 over the default shapes;
     compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
     over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
     wgmma kernel (``wgmma_candidates``)."""

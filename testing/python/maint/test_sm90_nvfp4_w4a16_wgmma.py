@@ -202,6 +202,23 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
+@pytest.mark.parametrize("m, block_x", [(232, 80), (384, 128), (512, 176), (608, 208), (768, 256)])
+def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
+    """N = 5120 has 40 weight tiles: three x blocks fill one wave of 132 SMs with 120 whole tiles.
+    The tuner offers that block unsplit (two consumer warpgroups, a producer, the deepest pipeline),
+    64 deep and 128 deep where four stages fit; nothing on N >= 16384 (128 or more weight tiles)."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    assert tune.one_wave_block_x(m, 5120, 132) == block_x
+    assert -(-m // block_x) * 40 <= 132 < (-(-m // block_x) + 1) * 40
+    offered = set(tune.candidates(m, 5120, 6144, "sm_90"))
+    assert wg.WgmmaConfig(block_x, 64, wg.deepest_stages(block_x, ctas_per_sm=1), 1, True, 2, True) in offered
+    deep = wg.WgmmaConfig(block_x, 128, wg.deepest_stages(block_x, ctas_per_sm=1, block_k=128), 1, True, 2, True)
+    assert (deep in offered) == (deep.stages >= tune.WGMMA_DEEP_K_MIN_STAGES)
+    assert tune.one_wave_block_x(m, 16384, 132) is None and tune.one_wave_block_x(m, 34816, 132) is None
+    assert tune.one_wave_block_x(1024, 5120, 132) is None  # three blocks would be 352 rows wide
+
+
 def test_tuner_offers_whole_wave_twins_where_tiles_outnumber_the_ctas():
     """``streamk_waves`` twins of the two-warpgroup producer stream-K candidates, one per distinct
     stream-K share short of every tile: none while the tiles fit one wave, both shares on 34816x5120
