@@ -160,6 +160,14 @@ def streamk_tiles(tiles: int, k_tiles: int, grid: int, streamk_waves: int) -> in
     return min(shared, tiles)
 
 
+def wgmma_streamk_share(m: int, n: int, k: int, config: "WgmmaStreamKConfig", sm_count: int) -> tuple:
+    """``(tiles, S)``: the output tiles of stream-K over the wgmma kernel at M = ``m`` and how many of
+    them its CTAs share (``streamk_tiles``), as ``launch_wgmma_streamk`` runs it on ``sm_count`` SMs."""
+    tiles, k_tiles = hopper._tiles(m, n, config.block_x), k // config.block_k
+    grid = streamk_grid(sm_count, config.ctas_per_sm, tiles * k_tiles)
+    return tiles, streamk_tiles(tiles, k_tiles, grid, config.streamk_waves)
+
+
 def streamk_segments(phase, g, begin, end, tiles, sk_tiles, grid, k_tiles, select):
     """CTA ``g``'s segments in ``phase`` 0, the tiles its stream-K range ``[begin, end)`` touches,
     and phase 1 (``streamk_waves``), its whole tiles, one per wave: the loop ``[start, stop)`` over
@@ -560,18 +568,17 @@ def launch_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: StreamKConfig, 
 def launch_wgmma_streamk(x: torch.Tensor, w: NVFP4W4A16Weight, config: WgmmaStreamKConfig, out: torch.Tensor) -> None:
     """One launch of stream-K over the wgmma kernel on checked inputs (at most 1024 rows); sm_90 only."""
     check_any_config(config, w.n, w.k, example.device_arch(w.device))
-    rows, k_tiles = hopper.CTA_ROWS, w.k // config.block_k
-    tiles = math.ceil(x.shape[0] / config.block_x) * (w.n // rows)
+    tiles, shared = wgmma_streamk_share(x.shape[0], w.n, w.k, config, example.sm_count(w.device))
     kernel_config = config._replace(streamk_waves=min(config.streamk_waves, 1))  # the share is a launch argument
     compile_fn = functools.partial(compile_wgmma_streamk, w.n, w.k, kernel_config)
-    _run_streamk(x, w, config, out, tiles * k_tiles, config.block_x * rows, (w.n, w.k, kernel_config, w.device.index), compile_fn,
-                 lambda grid: (streamk_tiles(tiles, k_tiles, grid, config.streamk_waves),))
+    _run_streamk(x, w, config, out, tiles * (w.k // config.block_k), config.block_x * hopper.CTA_ROWS, (w.n, w.k, kernel_config, w.device.index), compile_fn,
+                 (shared,))
 
 
-def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, compile_fn, scalars=lambda grid: ()) -> None:
+def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, compile_fn, scalars: tuple = ()) -> None:
     """What both stream-K launchers share: the grid, the 32-bit offset check, the kernel cache, the
-    partial slots (``tile_floats`` per slot) and the tickets. ``scalars(grid)``: the kernel's
-    arguments after the grid."""
+    partial slots (``tile_floats`` per slot) and the tickets. ``scalars``: the kernel's arguments
+    after the grid."""
     grid = streamk_grid(example.sm_count(w.device), config.ctas_per_sm, iterations)
     if (iterations + 1) * (grid + 1) >= 2**31:
         raise ValueError(f"config {config}: {iterations} iterations x {grid} CTAs exceed 32-bit offsets")
@@ -580,7 +587,7 @@ def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, comp
         kernel = _STREAMK_KERNELS[key] = compile_fn()
     ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
     partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * tile_floats, dtype=torch.float32, device=x.device)
-    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid, *scalars(grid))
+    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid, *scalars)
 
 
 # ----------------------------------------------------------------------------------------------

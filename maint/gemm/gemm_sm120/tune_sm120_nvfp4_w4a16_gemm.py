@@ -233,10 +233,9 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
     for c in configs:
         if not (isinstance(c, maint.WgmmaStreamKConfig) and c.warpgroups == 2 and c.producer and not c.streamk_waves):
             continue
-        tiles, k_tiles = -(-m // c.block_x) * (n // maint.hopper.CTA_ROWS), k // c.block_k
-        grid = maint.streamk_grid(sm_count, c.ctas_per_sm, tiles * k_tiles)
-        shares = {maint.streamk_tiles(tiles, k_tiles, grid, w): w for w in reversed(STREAMK_WAVES)}
-        out += [c._replace(streamk_waves=w) for shared, w in shares.items() if shared < tiles]
+        twins = [c._replace(streamk_waves=w) for w in STREAMK_WAVES]
+        shares = {maint.wgmma_streamk_share(m, n, k, t, sm_count): t for t in reversed(twins)}  # one twin per share
+        out += [t for (tiles, shared), t in shares.items() if shared < tiles]
     return out
 
 
