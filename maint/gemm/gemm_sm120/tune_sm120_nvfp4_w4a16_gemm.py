@@ -215,9 +215,10 @@ def one_wave_block_x(m: int, n: int, sm_count: int) -> Optional[int]:
     for in one wave; None where that is one block or wider than two warpgroups take. The covers
     above split M into as few blocks as they can, which on N = 5120 (40 weight tiles, three blocks'
     worth on 132 SMs) leaves 40 or 80 tiles at M = 129-512 and so stream-K; three blocks give 120
-    whole tiles. Unsplit with whole tiles the same pipeline ran 5120x17408 M = 768 (three 256-row
-    blocks) at 823 TFLOP/s. Offered unsplit, two consumer warpgroups and a producer, the deepest
-    pipeline; not yet timed below M = 513 (2026-11-30)."""
+    whole tiles. Offered unsplit, two consumer warpgroups and a producer, the deepest pipeline. H200,
+    2026-11-30w (results/h200_timings_2026-11-30w_one_wave_probe.json, raced, verified), 128 deep
+    against the table's stream-K: 5120x6144 M = 384 / 512 33.8 / 44.0 us against 39.1 / 49.4;
+    5120x17408 M = 512 116.5 against 120.9, but M = 256 (96-row blocks) 74.7 against 68.5."""
     tiles_n = n // maint.hopper.CTA_ROWS
     x_blocks = min(sm_count // tiles_n, -(-m // 16))
     if x_blocks < 2:
