@@ -656,13 +656,17 @@ NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
-    """Without a tuned entry: on sm_90 the wgmma kernel where its heuristic takes the shape (as
+    """Without a tuned entry: on sm_90 one wave of whole tiles where the weight tiles are few
+    (``hopper.one_wave_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
     consumer warpgroups and a producer; at M = 225-256 over 128-row x blocks where the wider ones
     give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X), else the stream-K heuristic (which falls back
     to the example's). Other archs never get wgmma."""
     if arch == "sm_90":
+        one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
+        if one_wave is not None:
+            return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out
         config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
         if config is None:
             return get_streamk_config(m, n, k, sm_count=sm_count)

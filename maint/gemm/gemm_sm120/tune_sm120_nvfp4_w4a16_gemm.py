@@ -201,30 +201,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                     out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:  # see NARROW_TWO_WARPGROUP_STREAMK
         out.append(NARROW_TWO_WARPGROUP_STREAMK._replace(block_x=tight.block_x))
-    wave = one_wave_block_x(m, n, sm_count)
+    wave = hopper.one_wave_block_x(m, n, sm_count)  # see hopper.ONE_WAVE_MIN_STAGES
     if m > TWO_WARPGROUP_MIN_M and wave:
         for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
             stages = hopper.deepest_stages(wave, ctas_per_sm=1, block_k=bk)
             if bk == hopper.SWIZZLE_K or stages >= WGMMA_DEEP_K_MIN_STAGES:
                 out.append(W(wave, stages, 1, 2, bk=bk)._replace(tma_loads=True, producer=True))
     return out + streamk_waves_twins(out, m, n, k, sm_count)
-
-
-def one_wave_block_x(m: int, n: int, sm_count: int) -> Optional[int]:
-    """The x block (a multiple of 16) that cuts M into as many blocks as the weight tiles leave room
-    for in one wave; None where that is one block or wider than two warpgroups take. The covers
-    above split M into as few blocks as they can, which on N = 5120 (40 weight tiles, three blocks'
-    worth on 132 SMs) leaves 40 or 80 tiles at M = 129-512 and so stream-K; three blocks give 120
-    whole tiles. Offered unsplit, two consumer warpgroups and a producer, the deepest pipeline. H200,
-    2026-11-30w (results/h200_timings_2026-11-30w_one_wave_probe.json, raced, verified), 128 deep
-    against the table's stream-K: 5120x6144 M = 384 / 512 33.8 / 44.0 us against 39.1 / 49.4;
-    5120x17408 M = 512 116.5 against 120.9, but M = 256 (96-row blocks) 74.7 against 68.5."""
-    tiles_n = n // maint.hopper.CTA_ROWS
-    x_blocks = min(sm_count // tiles_n, -(-m // 16))
-    if x_blocks < 2:
-        return None
-    block_x = 16 * -(-m // (16 * x_blocks))
-    return block_x if block_x <= maint.hopper.MAX_BLOCK_X else None
 
 
 def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:

@@ -452,6 +452,51 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     return WgmmaConfig(block_x, SWIZZLE_K, stages, 1, True, 2, TWO_WARPGROUP_PRODUCER)
 
 
+# One wave of whole tiles. The covers above cut M into as few x blocks as they can; where the weight
+# tiles are few (N = 3072-8192: 24-64 tiles for 132 SMs) that leaves fewer tiles than SMs, or a few
+# over, and so stream-K and its fix-ups. Cutting M into as many x blocks as one wave holds
+# (``one_wave_block_x``) gives each SM at most one whole tile, for one more dequant of the weights
+# per block: two consumer warpgroups and a producer, 128-deep k tiles, the deepest pipeline.
+# H200, 2026-11-30w, raced and each verified, against the dispatch's config without this rule
+# (results/h200_timings_2026-11-30w_one_wave_probe.json and _one_wave_rule_probe.json; 40 cells on
+# eleven shapes at M = 72-608; the limits were read off all of them, so all are in-sample): in the 21
+# cells the limits keep, 0.70-0.99x the time (4096x4096 M = 256 18.7 us against 26.7; 4096x14336
+# M = 512 75.2 against 98.8; 5120x6144 M = 512 44.0 against the table's stream-K 49.4; the closest,
+# 6144x6144 M = 192 and 256, 0.98-0.99x). The limits leave out every cell that lost:
+# - x blocks under ONE_WAVE_MIN_BLOCK_X rows, where a tile's dequant outweighs its MMA: 6144x6144
+#   M = 96 (48 rows) 24.0 against 20.0, 2560x8192 M = 96 (16) 25.1 against 18.2, 3072x4096 M = 96
+#   and 192 (32, 48) 3 % slower. (Against the weaker split-K configs some of them won: 4096x4096
+#   M = 72-128, 32 rows, 15.0-15.2 against 17.2-19.0.)
+# - past ONE_WAVE_MAX_K, blocks under TMA_BLOCK_X rows, where stream-K over wider blocks wins: its
+#   fix-up costs the same per tile at any K while the extra dequant grows with K. 2560x8192 M = 320
+#   (64 rows) 33.2 against 28.0, 4096x11008 M = 256 (64) 44.2 against 39.1, 5120x17408 M = 256 (96)
+#   74.7 against 68.5. (Two such cells won: 4096x11008 M = 384 and 8192x8192 M = 192, 96 rows.)
+# - fewer than ONE_WAVE_MIN_STAGES stages (blocks over 176 rows): 6144x4096 M = 384, 192 rows, 3
+#   stages, 34.7 against 32.6.
+ONE_WAVE_MIN_BLOCK_X = 64
+ONE_WAVE_MAX_K = 6144
+ONE_WAVE_MIN_STAGES = 4
+
+
+def one_wave_block_x(m: int, n: int, sm_count: int) -> Optional[int]:
+    """The x block (a multiple of 16) that cuts M into as many blocks as the weight tiles leave room
+    for in one wave; None where that is one block or wider than two warpgroups take."""
+    x_blocks = min(sm_count // (n // CTA_ROWS), -(-m // 16))
+    if x_blocks < 2:
+        return None
+    block_x = 16 * -(-m // (16 * x_blocks))
+    return block_x if block_x <= MAX_BLOCK_X else None
+
+
+def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The heuristic's one-wave config within the limits above (``ONE_WAVE_MIN_BLOCK_X``), else None."""
+    block_x = one_wave_block_x(m, n, sm_count) if k % DEEP_K == 0 else None
+    if block_x is None or block_x < ONE_WAVE_MIN_BLOCK_X or (k > ONE_WAVE_MAX_K and block_x < TMA_BLOCK_X):
+        return None
+    stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=DEEP_K), k // DEEP_K)
+    return WgmmaConfig(block_x, DEEP_K, stages, 1, True, 2, True) if stages >= ONE_WAVE_MIN_STAGES else None
+
+
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     """The x block and split of ``get_wgmma_config`` (see there)."""
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)

@@ -22,6 +22,16 @@ ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H200)")
 
 
+@pytest.fixture
+def without_one_wave(monkeypatch):
+    """The dispatch without the one-wave rule (``wg.one_wave_config``), which comes first and was
+    added after the rules that the tests using this check against their own committed timings."""
+    monkeypatch.setattr(wg, "one_wave_config", lambda *args, **kwargs: None)
+    sk.heuristic_config.cache_clear()
+    yield
+    sk.heuristic_config.cache_clear()
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -209,14 +219,68 @@ def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
     64 deep and 128 deep where four stages fit; nothing on N >= 16384 (128 or more weight tiles)."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
-    assert tune.one_wave_block_x(m, 5120, 132) == block_x
+    assert wg.one_wave_block_x(m, 5120, 132) == block_x
     assert -(-m // block_x) * 40 <= 132 < (-(-m // block_x) + 1) * 40
     offered = set(tune.candidates(m, 5120, 6144, "sm_90"))
     assert wg.WgmmaConfig(block_x, 64, wg.deepest_stages(block_x, ctas_per_sm=1), 1, True, 2, True) in offered
     deep = wg.WgmmaConfig(block_x, 128, wg.deepest_stages(block_x, ctas_per_sm=1, block_k=128), 1, True, 2, True)
     assert (deep in offered) == (deep.stages >= tune.WGMMA_DEEP_K_MIN_STAGES)
-    assert tune.one_wave_block_x(m, 16384, 132) is None and tune.one_wave_block_x(m, 34816, 132) is None
-    assert tune.one_wave_block_x(1024, 5120, 132) is None  # three blocks would be 352 rows wide
+    assert wg.one_wave_block_x(m, 16384, 132) is None and wg.one_wave_block_x(m, 34816, 132) is None
+    assert wg.one_wave_block_x(1024, 5120, 132) is None  # three blocks would be 352 rows wide
+
+
+def test_heuristic_one_wave_of_whole_tiles_and_its_limits():
+    """Where the weight tiles are few the dispatch cuts M into as many x blocks as one wave holds:
+    unsplit, two consumer warpgroups and a producer, 128 deep, the deepest pipeline
+    (``wg.ONE_WAVE_MIN_STAGES``); not under 64-row blocks, not under 128 rows past K = 6144, not
+    with fewer than four stages, never where one x block already fills the SMs."""
+    def dispatch(m, n, k):
+        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+
+    assert dispatch(256, 4096, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)  # 4 blocks x 32 tiles
+    assert dispatch(512, 5120, 6144) == wg.WgmmaConfig(176, 128, 4, 1, True, 2, True)  # 3 blocks x 40 tiles
+    assert dispatch(512, 4096, 14336) == wg.WgmmaConfig(128, 128, 5, 1, True, 2, True)  # long K, 128 rows
+    assert wg.one_wave_config(96, 6144, 6144) is None  # 48-row blocks
+    assert wg.one_wave_config(256, 4096, 11008) is None  # 64 rows past K = 6144
+    assert wg.one_wave_config(384, 6144, 4096) is None  # 192 rows: three stages
+    assert wg.one_wave_config(4096 // 16, 4096, 4096, sm_count=16) is None  # one block of tiles fills 16 SMs
+    for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 3):
+        for n, k in ((16384, 5120), (34816, 5120), (11008, 4096), (4096, 4096 + 64)):
+            assert wg.one_wave_config(m, n, k) is None, (m, n, k)  # >= 66 tiles, or K not 128-deep
+        c = wg.one_wave_config(m, 3072, 4096)
+        if c is not None:
+            x_blocks = -(-m // c.block_x)
+            assert x_blocks * 24 <= 132 and c.stages >= wg.ONE_WAVE_MIN_STAGES and c.block_x >= wg.ONE_WAVE_MIN_BLOCK_X
+            wg.check_wgmma_config(c, 3072, 4096)
+
+
+def test_one_wave_rule_against_the_committed_h200_timings():
+    """The one-wave rule was read off the H200 probes committed under results/ (each config raced
+    and verified beside the dispatch's without the rule): every cell it takes there ran faster with
+    it, and in the untuned benchmark runs before and after it every cell it takes got faster."""
+    import json
+
+    def results(name):
+        return json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())
+
+    taken = 0
+    for name in ("h200_timings_2026-11-30w_one_wave_probe.json", "h200_timings_2026-11-30w_one_wave_rule_probe.json"):
+        cells = {}
+        for row in results(name)["timings"]:
+            cells.setdefault((row["n"], row["k"], row["m"]), []).append((row["us"], sk.config_from_json(row)))
+        for (n, k, m), timed in cells.items():
+            rule = wg.one_wave_config(m, n, k)
+            if rule is not None:
+                assert min(timed, key=lambda t: t[0])[1] == rule, (n, k, m)
+                taken += 1
+    assert taken == 21
+
+    def ours(name):
+        return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in results(name)["cells"]}
+
+    before, after = ours("h200_untuned_2026-11-30v.json"), ours("h200_untuned_2026-11-30w.json")
+    ratios = [after[key] / before[key] for key in after if wg.one_wave_config(key[2], *key[:2]) is not None]
+    assert len(ratios) == 22 and max(ratios) < 0.99
 
 
 def test_tuner_offers_whole_wave_twins_where_tiles_outnumber_the_ctas():
@@ -356,7 +420,8 @@ def test_heuristic_two_warpgroups():
                 assert dispatched.warpgroups == (2 if two else 1) and dispatched.ctas_per_sm == (1 if two else 2)
                 assert dispatched.producer == two and dispatched.tma_loads == (two or c.tma_loads)
     assert wg.get_wgmma_config(192, 16384, 5120) == wg.WgmmaConfig(192, 64, 7, 1, True, 2, True)  # 128 CTAs, one wave
-    assert sk.heuristic_config(192, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)  # 40 CTAs
+    # 40 CTAs (the one-wave rule leaves 64-row blocks past K = 6144 alone: wg.ONE_WAVE_MAX_K)
+    assert sk.heuristic_config(192, 5120, 17408, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)
     # Beyond 256 rows, the configs the tuner took on these shapes (tuned/sm_90-132sm.json): 16384x5120
     # M = 512 on 128 CTAs, 5120x6144 M = 768 on 120; M = 512 there (80 CTAs) keeps one warpgroup.
     assert wg.get_wgmma_config(512, 16384, 5120) == wg.WgmmaConfig(256, 64, 6, 1, True, 2, True)
@@ -364,7 +429,7 @@ def test_heuristic_two_warpgroups():
     assert wg.get_wgmma_config(512, 5120, 6144).warpgroups == 1
 
 
-def test_streamk_two_warpgroups_against_the_committed_h200_runs():
+def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave):
     """From M = 64 the dispatch's wgmma stream-K runs two consumer warpgroups with a producer
     (sk.STREAMK_TWO_WARPGROUPS_MIN_M). The two committed H200 runs of the untuned shapes, before (one
     warpgroup) and after, both verified, time each of the 21 cells where that changes the dispatch
@@ -510,7 +575,7 @@ def narrow_streamk_decides(m: int, n: int, k: int) -> bool:
     return isinstance(c, sk.WgmmaStreamKConfig) and c.block_x == sk.NARROW_STREAMK_BLOCK_X < wide.block_x and wide.warpgroups == 2
 
 
-def test_narrow_streamk_against_the_committed_h200_timings():
+def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave):
     """At M = 225-256, where two warpgroups' wider x block would run as stream-K over fewer tiles than
     SMs, stream-K over 128-row blocks: in every such cell of the committed timings where the config
     it replaces was timed too (six, on five shapes, each verified), 0.91x its time on geometric mean,
@@ -533,7 +598,7 @@ def test_narrow_streamk_against_the_committed_h200_timings():
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 0.93
 
 
-def test_heuristic_against_the_committed_h200_timings(monkeypatch):
+def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave):
     """The two-warpgroup rule was read off the tuner's timings at M = 144-1024 (committed under
     results/): the heuristic's choice, less the producer warpgroup and the two-warpgroup stream-K
     those timings predate (the next tests), was timed in every cell, and on geometric mean it stays
@@ -1012,7 +1077,7 @@ def test_streamk_bad_configs(config):
         sk.check_any_config(config, 4096, 4096, "sm_90")
 
 
-def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly():
+def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly(without_one_wave):
     """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
     at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
     (16384x5120 M = 512: 512 CTAs), not where a CTA would get under 8 k tiles. At M = 17-63 only from
