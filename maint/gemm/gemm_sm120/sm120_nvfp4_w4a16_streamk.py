@@ -657,41 +657,54 @@ NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
     """Without a tuned entry: on sm_90 one wave of whole tiles where the weight tiles are few
-    (``hopper.one_wave_config``), else the wgmma kernel where its heuristic takes the shape (as
+    (``hopper.one_wave_config``), two whole waves where that beats stream-K or one warpgroup
+    (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
     consumer warpgroups and a producer; at M = 225-256 over 128-row x blocks where the wider ones
     give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X), else the stream-K heuristic (which falls back
     to the example's). Other archs never get wgmma."""
-    if arch == "sm_90":
-        one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
-        if one_wave is not None:
-            return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out
-        config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
-        if config is None:
-            return get_streamk_config(m, n, k, sm_count=sm_count)
-        ctas = hopper.wgmma_ctas(config, m, n)
-        iterations = ctas // config.split_k * (k // config.block_k)  # output tiles x k tiles
-        per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
-        if m >= hopper.SMALL_M:
-            min_imbalance = hopper.WGMMA_STREAMK_MIN_IMBALANCE
-        elif m >= hopper.HEURISTIC_MIN_M:
-            min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
-        else:
-            return config  # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X)
-        if example.sm_imbalance(ctas, sm_count) < min_imbalance or iterations < MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
-            return config
-        deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k
-        if config.warpgroups == 2:
-            one = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
-            if one.block_x == NARROW_STREAMK_BLOCK_X and ctas < sm_count and deep_k == hopper.DEEP_K:  # see NARROW_STREAMK_BLOCK_X
-                return WgmmaStreamKConfig(one.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
-            return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, 1, True, 2, config.producer)
-        if m >= STREAMK_TWO_WARPGROUPS_MIN_M:
-            return WgmmaStreamKConfig(config.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
-        block_k = deep_k if config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X else config.block_k
-        return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, WGMMA_STREAMK_CTAS_PER_SM, config.tma_loads)
-    return get_streamk_config(m, n, k, sm_count=sm_count)
+    if arch != "sm_90":
+        return get_streamk_config(m, n, k, sm_count=sm_count)
+    one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
+    if one_wave is not None:
+        return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out
+    config = _wgmma_heuristic_config(m, n, k, sm_count)
+    one_warpgroup = isinstance(config, hopper.WgmmaConfig) and config.warpgroups == 1
+    if isinstance(config, WgmmaStreamKConfig) or one_warpgroup:
+        whole = hopper.two_waves_config(m, n, k, sm_count=sm_count)
+        if whole is None and one_warpgroup:
+            whole = hopper.one_wave_config(m, n, k, sm_count=sm_count, over_one_warpgroup=True)
+        return whole or config
+    return config
+
+
+def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
+    """``heuristic_config`` on sm_90 short of the whole-wave rules."""
+    config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
+    if config is None:
+        return get_streamk_config(m, n, k, sm_count=sm_count)
+    ctas = hopper.wgmma_ctas(config, m, n)
+    iterations = ctas // config.split_k * (k // config.block_k)  # output tiles x k tiles
+    per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
+    if m >= hopper.SMALL_M:
+        min_imbalance = hopper.WGMMA_STREAMK_MIN_IMBALANCE
+    elif m >= hopper.HEURISTIC_MIN_M:
+        min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
+    else:
+        return config  # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X)
+    if example.sm_imbalance(ctas, sm_count) < min_imbalance or iterations < MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
+        return config
+    deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k
+    if config.warpgroups == 2:
+        one = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
+        if one.block_x == NARROW_STREAMK_BLOCK_X and ctas < sm_count and deep_k == hopper.DEEP_K:  # see NARROW_STREAMK_BLOCK_X
+            return WgmmaStreamKConfig(one.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
+        return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, 1, True, 2, config.producer)
+    if m >= STREAMK_TWO_WARPGROUPS_MIN_M:
+        return WgmmaStreamKConfig(config.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
+    block_k = deep_k if config.block_x <= STREAMK_DEEP_K_MAX_BLOCK_X else config.block_k
+    return WgmmaStreamKConfig(config.block_x, block_k, hopper.DEFAULT_STAGES, WGMMA_STREAMK_CTAS_PER_SM, config.tma_loads)
 
 
 # ----------------------------------------------------------------------------------------------

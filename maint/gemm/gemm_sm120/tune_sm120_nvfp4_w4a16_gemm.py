@@ -148,6 +148,7 @@ NARROW_TWO_WARPGROUP_STREAMK = maint.WgmmaStreamKConfig(maint.hopper.ONE_WARPGRO
 # H200, 2026-11-30 (first probe, the table's configs): 0.93-0.98x plain stream-K's time on 9 of 11
 # cells; it lost 5120x6144 M = 512 and 1024 (1.04 and 1.05x).
 STREAMK_WAVES = (1, 2)
+WHOLE_WAVES = (1, 2)  # whole tiles cut to fill one or two waves (hopper.whole_waves_block_x)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
@@ -201,12 +202,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                     out += [unsplit._replace(producer=True, split_k=split) for split in WGMMA_SPLITS]
     if m > hopper.ONE_WARPGROUP_MAX_BLOCK_X:  # see NARROW_TWO_WARPGROUP_STREAMK
         out.append(NARROW_TWO_WARPGROUP_STREAMK._replace(block_x=tight.block_x))
-    wave = hopper.one_wave_block_x(m, n, sm_count)  # see hopper.ONE_WAVE_MIN_STAGES
-    if m > TWO_WARPGROUP_MIN_M and wave:
-        for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
-            stages = hopper.deepest_stages(wave, ctas_per_sm=1, block_k=bk)
-            if bk == hopper.SWIZZLE_K or stages >= WGMMA_DEEP_K_MIN_STAGES:
-                out.append(W(wave, stages, 1, 2, bk=bk)._replace(tma_loads=True, producer=True))
+    for waves in WHOLE_WAVES:  # see hopper.ONE_WAVE_MIN_STAGES and TWO_WAVES_MIN_FILL
+        wave = hopper.whole_waves_block_x(m, n, sm_count, waves)
+        if m > TWO_WARPGROUP_MIN_M and wave and (waves == 1 or wave >= hopper.ONE_WAVE_MIN_BLOCK_X):
+            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
+                stages = hopper.deepest_stages(wave, ctas_per_sm=1, block_k=bk)
+                if bk == hopper.SWIZZLE_K or stages >= WGMMA_DEEP_K_MIN_STAGES:
+                    out.append(W(wave, stages, 1, 2, bk=bk)._replace(tma_loads=True, producer=True))
     return out + streamk_waves_twins(out, m, n, k, sm_count)
 
 

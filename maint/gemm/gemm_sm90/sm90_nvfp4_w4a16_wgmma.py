@@ -455,7 +455,7 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 # One wave of whole tiles. The covers above cut M into as few x blocks as they can; where the weight
 # tiles are few (N = 3072-8192: 24-64 tiles for 132 SMs) that leaves fewer tiles than SMs, or a few
 # over, and so stream-K and its fix-ups. Cutting M into as many x blocks as one wave holds
-# (``one_wave_block_x``) gives each SM at most one whole tile, for one more dequant of the weights
+# (``whole_waves_block_x``) gives each SM at most one whole tile, for one more dequant of the weights
 # per block: two consumer warpgroups and a producer, 128-deep k tiles, the deepest pipeline.
 # H200, 2026-11-30w, raced and each verified, against the dispatch's config without this rule
 # (results/h200_timings_2026-11-30w_one_wave_probe.json and _one_wave_rule_probe.json; 40 cells on
@@ -473,28 +473,70 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 #   74.7 against 68.5. (Two such cells won: 4096x11008 M = 384 and 8192x8192 M = 192, 96 rows.)
 # - fewer than ONE_WAVE_MIN_STAGES stages (blocks over 176 rows): 6144x4096 M = 384, 192 rows, 3
 #   stages, 34.7 against 32.6.
+# Where the dispatch would run one warpgroup (split-K) above SMALL_M, blocks from
+# ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X rows: every such cell of the probes won, 4096x4096 M = 72
+# and 128 (32 rows) 0.87x and 0.80x the time, and past ONE_WAVE_MAX_K 2560x8192 M = 192 (32) 0.88x and
+# 8192x8192 M = 96 (48) 0.95x; the small blocks that lost did so against two warpgroups' stream-K. In
+# the untuned benchmark (results/h200_untuned_2026-11-30x.json, then _y) it took 4096x4096 M = 72-144
+# from 17.7-19.9 us to 15.0-17.0.
 ONE_WAVE_MIN_BLOCK_X = 64
+ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X = 32
 ONE_WAVE_MAX_K = 6144
 ONE_WAVE_MIN_STAGES = 4
 
 
-def one_wave_block_x(m: int, n: int, sm_count: int) -> Optional[int]:
+# Two whole waves. Where one x block's tiles spread unevenly (the dispatch makes them stream-K) or
+# the heuristic keeps one warpgroup, M cut into as many x blocks as two waves hold, where those tiles
+# fill at least TWO_WAVES_MIN_FILL of the two waves with blocks of TWO_WAVES_MIN_BLOCK_X to 176 rows:
+# the one-wave config twice over. H200, 2026-11-30w, raced and each verified (results/h200_timings_
+# 2026-11-30w_whole_waves_probe.json; 18 cells on ten shapes at M = 256-1024; in-sample), in all six
+# cells it takes: 11008x4096 (86 tiles, three blocks) M = 304 / 384 / 416 / 512 46.2 / 47.2 / 51.2 /
+# 62.5 us against 50.6 / 49.1 / 56.0 / 81.3 (one warpgroup or stream-K), 8192x8192 M = 608 106.0
+# against 121.9, 8192x4096 M = 640 55.9 against 63.1 (stream-K); in the untuned benchmark (results/
+# h200_untuned_2026-11-30w.json, then _x) 11008x4096 M = 304-512 0.76-0.92x the time (M = 512: 61.7
+# against 81.5, cuBLAS 60.8). Left out, and lost: 96-row blocks
+# (11008x4096 M = 256, 42.9 against 38.6), 91 % fill (6144x4096 M = 512, five blocks: 42.5 against
+# 41.4), and wherever the dispatch already runs one even wave of up to 256 rows (8192x8192 M = 448,
+# 82.2 against 72.9; 8192x4096 M = 512, 4096x11008 and 4096x4096 M = 1024, 5-8 % slower).
+TWO_WAVES_MIN_FILL = 0.95
+TWO_WAVES_MIN_BLOCK_X = 112
+
+
+def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Optional[int]:
     """The x block (a multiple of 16) that cuts M into as many blocks as the weight tiles leave room
-    for in one wave; None where that is one block or wider than two warpgroups take."""
-    x_blocks = min(sm_count // (n // CTA_ROWS), -(-m // 16))
+    for in ``waves`` waves; None where that is one block or wider than two warpgroups take."""
+    x_blocks = min(waves * sm_count // (n // CTA_ROWS), -(-m // 16))
     if x_blocks < 2:
         return None
     block_x = 16 * -(-m // (16 * x_blocks))
     return block_x if block_x <= MAX_BLOCK_X else None
 
 
-def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The heuristic's one-wave config within the limits above (``ONE_WAVE_MIN_BLOCK_X``), else None."""
-    block_x = one_wave_block_x(m, n, sm_count) if k % DEEP_K == 0 else None
-    if block_x is None or block_x < ONE_WAVE_MIN_BLOCK_X or (k > ONE_WAVE_MAX_K and block_x < TMA_BLOCK_X):
-        return None
+def _whole_tiles_config(block_x: int, k: int) -> Optional[WgmmaConfig]:
+    """Unsplit whole tiles of ``block_x`` rows, two consumer warpgroups and a producer, 128 deep, the
+    deepest pipeline; None under ONE_WAVE_MIN_STAGES stages."""
     stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=DEEP_K), k // DEEP_K)
     return WgmmaConfig(block_x, DEEP_K, stages, 1, True, 2, True) if stages >= ONE_WAVE_MIN_STAGES else None
+
+
+def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_warpgroup: bool = False) -> Optional[WgmmaConfig]:
+    """The heuristic's one-wave config within the limits above (``ONE_WAVE_MIN_BLOCK_X``; with
+    ``over_one_warpgroup``, the dispatch's alternative being one warpgroup above SMALL_M rows,
+    ``ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X``), else None."""
+    block_x = whole_waves_block_x(m, n, sm_count) if k % DEEP_K == 0 else None
+    min_block_x = ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X if over_one_warpgroup and m > SMALL_M else ONE_WAVE_MIN_BLOCK_X
+    if block_x is None or block_x < min_block_x or (k > ONE_WAVE_MAX_K and block_x < TMA_BLOCK_X):
+        return None
+    return _whole_tiles_config(block_x, k)
+
+
+def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The two-wave config within the limits above (``TWO_WAVES_MIN_FILL``), else None. The dispatch
+    asks only where it would otherwise run stream-K or one warpgroup."""
+    block_x = whole_waves_block_x(m, n, sm_count, waves=2) if k % DEEP_K == 0 else None
+    if block_x is None or block_x < TWO_WAVES_MIN_BLOCK_X or _tiles(m, n, block_x) < TWO_WAVES_MIN_FILL * 2 * sm_count:
+        return None
+    return _whole_tiles_config(block_x, k)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
