@@ -465,8 +465,7 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 # 6144x6144 M = 192 and 256, 0.98-0.99x). The limits leave out every cell that lost:
 # - x blocks under ONE_WAVE_MIN_BLOCK_X rows, where a tile's dequant outweighs its MMA: 6144x6144
 #   M = 96 (48 rows) 24.0 against 20.0, 2560x8192 M = 96 (16) 25.1 against 18.2, 3072x4096 M = 96
-#   and 192 (32, 48) 3 % slower. (Against the weaker split-K configs some of them won: 4096x4096
-#   M = 72-128, 32 rows, 15.0-15.2 against 17.2-19.0.)
+#   and 192 (32, 48) 3 % slower. (Against one warpgroup's split-K some of them won: see below.)
 # - past ONE_WAVE_MAX_K, blocks under TMA_BLOCK_X rows, where stream-K over wider blocks wins: its
 #   fix-up costs the same per tile at any K while the extra dequant grows with K. 2560x8192 M = 320
 #   (64 rows) 33.2 against 28.0, 4096x11008 M = 256 (64) 44.2 against 39.1, 5120x17408 M = 256 (96)
@@ -475,8 +474,9 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 #   stages, 34.7 against 32.6.
 # Where the dispatch would run one warpgroup (split-K) above SMALL_M, blocks from
 # ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X rows: every such cell of the probes won, 4096x4096 M = 72
-# and 128 (32 rows) 0.87x and 0.80x the time, and past ONE_WAVE_MAX_K 2560x8192 M = 192 (32) 0.88x and
-# 8192x8192 M = 96 (48) 0.95x; the small blocks that lost did so against two warpgroups' stream-K. In
+# and 128 (32 rows) 0.87x and 0.80x the time (15.0-15.2 us against 17.2-19.0), and 2560x8192 M = 192
+# (32) 0.88x and 8192x8192 M = 96 (48) 0.95x, which ONE_WAVE_MAX_K still leaves out; the small blocks
+# that lost did so against two warpgroups' stream-K. In
 # the untuned benchmark (results/h200_untuned_2026-11-30x.json, then _y) it took 4096x4096 M = 72-144
 # from 17.7-19.9 us to 15.0-17.0.
 ONE_WAVE_MIN_BLOCK_X = 64
