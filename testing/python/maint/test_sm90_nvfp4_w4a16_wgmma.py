@@ -262,27 +262,16 @@ def test_one_wave_rule_against_the_committed_h200_timings():
     """The one-wave rule was read off the H200 probes committed under results/ (each config raced
     and verified beside the dispatch's without the rule): every cell it takes there ran faster with
     it, and in the untuned benchmark runs before and after it every cell it takes got faster."""
-    import json
-
-    def results(name):
-        return json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())
-
     taken = 0
     for name in ("h200_timings_2026-11-30w_one_wave_probe.json", "h200_timings_2026-11-30w_one_wave_rule_probe.json"):
-        cells = {}
-        for row in results(name)["timings"]:
-            cells.setdefault((row["n"], row["k"], row["m"]), []).append((row["us"], sk.config_from_json(row)))
-        for (n, k, m), timed in cells.items():
+        for (n, k, m), times in committed_timings(name).items():
             rule = wg.one_wave_config(m, n, k)
             if rule is not None:
-                assert min(timed, key=lambda t: t[0])[1] == rule, (n, k, m)
+                assert min(times, key=times.get) == rule, (n, k, m)
                 taken += 1
     assert taken == 21
 
-    def ours(name):
-        return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in results(name)["cells"]}
-
-    before, after = ours("h200_untuned_2026-11-30v.json"), ours("h200_untuned_2026-11-30w.json")
+    before, after = untuned_run("h200_untuned_2026-11-30v.json"), untuned_run("h200_untuned_2026-11-30w.json")
     ratios = [after[key] / before[key] for key in after if wg.one_wave_config(key[2], *key[:2]) is not None]
     assert len(ratios) == 22 and max(ratios) < 0.99
 
@@ -310,42 +299,33 @@ def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup():
 
 def test_two_waves_rule_against_the_committed_h200_timings():
     """The two-wave rule was read off the H200 probe committed under results/ (each config raced and
-    verified beside the dispatch's): in each of the six cells it takes the two-wave config was the
-    fastest; in the rest it was not taken."""
-    import json
-
-    rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_timings_2026-11-30w_whole_waves_probe.json").read_text())["timings"]
-    cells = {}
-    for row in rows:
-        cells.setdefault((row["n"], row["k"], row["m"]), []).append((row["us"], sk.config_from_json(row), row["base"]))
+    verified beside the dispatch's): in each of the six cells the dispatch takes it, the two-wave
+    config was the fastest."""
     taken = 0
-    for (n, k, m), timed in cells.items():
+    for (n, k, m), times in committed_timings("h200_timings_2026-11-30w_whole_waves_probe.json").items():
         two = wg.two_waves_config(m, n, k)
-        base = [c for _, c, is_base in timed if is_base][0]
-        if two is not None and (isinstance(base, sk.WgmmaStreamKConfig) or base.warpgroups == 1):
-            assert min(timed, key=lambda t: t[0])[1] == two, (n, k, m)
+        if two is not None and sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == two:
+            assert min(times, key=times.get) == two, (n, k, m)
             taken += 1
     assert taken == 6
 
 
-def untuned_runs(*names):
+def untuned_run(name: str) -> dict:
+    """``{(n, k, m): us}``, our fastest round per cell of a benchmark run committed under results/."""
     import json
 
-    def ours(name):
-        cells = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["cells"]
-        return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in cells}
-
-    return [ours(name) for name in names]
+    cells = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["cells"]
+    return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in cells}
 
 
 def test_whole_wave_rules_in_the_committed_untuned_runs():
     """The untuned H200 benchmark runs before and after each whole-wave rule (all cells verified):
     every cell the two-wave rule takes (11008x4096 M = 304-512) and every cell the small-block one-wave
     rule takes over one warpgroup (4096x4096 M = 72-144) ran faster with it."""
-    before, after = untuned_runs("h200_untuned_2026-11-30w.json", "h200_untuned_2026-11-30x.json")
+    before, after = untuned_run("h200_untuned_2026-11-30w.json"), untuned_run("h200_untuned_2026-11-30x.json")
     two = [key for key in after if sk.heuristic_config(key[2], *key[:2], arch="sm_90", sm_count=132) == wg.two_waves_config(key[2], *key[:2])]
     assert len(two) == 4 and all(after[key] < 0.96 * before[key] for key in two)
-    before, after = untuned_runs("h200_untuned_2026-11-30x.json", "h200_untuned_2026-11-30y.json")
+    before, after = untuned_run("h200_untuned_2026-11-30x.json"), untuned_run("h200_untuned_2026-11-30y.json")
     small = [
         key for key in after
         if wg.one_wave_config(key[2], *key[:2]) is None
@@ -506,13 +486,7 @@ def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave
     warpgroup) and after, both verified, time each of the 21 cells where that changes the dispatch
     (10 at M = 64-128, 11 above, where the heuristic keeps one warpgroup's x blocks), and every one
     got faster (0.78-0.94x)."""
-    import json
-
-    def ours(name):
-        cells = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["cells"]
-        return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in cells}
-
-    before, after = ours("h200_untuned_2026-11-30i.json"), ours("h200_untuned_2026-11-30j.json")
+    before, after = untuned_run("h200_untuned_2026-11-30i.json"), untuned_run("h200_untuned_2026-11-30j.json")
     taken = []
     for (n, k, m), us in after.items():
         c = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
