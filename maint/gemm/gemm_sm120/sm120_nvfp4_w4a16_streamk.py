@@ -459,7 +459,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             begin, end = streamk_range(g, iterations, grid)
             if config.producer:  # the producer walks the same segments; the consumers store
                 if tx >= pipe.consumer_threads:
-                    T.set_max_nreg(hopper.PRODUCER_REGISTERS, 0)
+                    T.set_max_nreg(pipe.producer_registers, 0)
                     for phase in T.unroll(phases):
                         for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
                             tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
@@ -500,6 +500,12 @@ def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_pos
 STREAMK_PASS_CONFIGS = hopper.HAND_PIPELINE_PASS_CONFIGS
 
 
+# Stream-K's producer keeps hopper.PRODUCER_REGISTERS, so its consumers get 232 registers, not the
+# unsplit kernel's 240: ptxas serialized the wgmmas of 352 x rows there (C7512), as it kept those
+# of 320 asynchronous (sm_90a, 2026-12-01).
+WGMMA_STREAMK_MAX_BLOCK_X = 320
+
+
 def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> None:
     """The wgmma kernel's checks on the segment config, plus ``ctas_per_sm`` CTAs fitting one SM."""
     example.check_config(config, n, k, CONFIG_TYPES)
@@ -510,6 +516,8 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
     per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
+    if config.block_x > WGMMA_STREAMK_MAX_BLOCK_X:
+        raise ValueError(f"config {config}: stream-K takes x blocks of at most {WGMMA_STREAMK_MAX_BLOCK_X} rows")
     if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
         # 256 threads holding over 64 accumulators each: more than half of an SM's 64K registers.
         raise ValueError(f"config {config}: x blocks over {hopper.ONE_WARPGROUP_MAX_BLOCK_X} rows (two warpgroups) need ctas_per_sm = 1")

@@ -44,10 +44,11 @@ WORDS_PER_CHUNK = 4  # int32 words per 16-byte cp.async
 # A thread holds (atoms of its warpgroup) x block_x / 2 FP32 accumulators: one warpgroup with both
 # atoms up to 128 x rows (128 accumulators), two warpgroups with one atom each up to MAX_BLOCK_X.
 # Above wgmma's largest N a warpgroup issues two wgmmas per k16 step from the same A registers, so
-# the weights are still dequantized once per x block.
+# the weights are still dequantized once per x block. 352 rows (176 accumulators) take the lean
+# producer's registers (LEAN_PRODUCER_REGISTERS); stream-K stops at WGMMA_STREAMK_MAX_BLOCK_X.
 ONE_WARPGROUP_MAX_BLOCK_X = 128
 WGMMA_MAX_N = 256
-MAX_BLOCK_X = 320
+MAX_BLOCK_X = 352
 MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being dequantized, one loading
 # With a producer warpgroup (``WgmmaConfig.producer``) setmaxnreg re-divides a CTA's registers: the
 # producer, which only waits and issues TMA, keeps PRODUCER_REGISTERS per thread and the consumers
@@ -60,7 +61,15 @@ MIN_STAGES = 3  # one stage read by the wgmma in flight, one by the k tile being
 # may ask more CTAs where the operands fit (``producer_ctas_per_sm``).
 SM_REGISTERS = 64 * 1024
 REGISTER_STEP = 8  # registers per thread are allocated, and setmaxnreg moves them, in steps of 8
-PRODUCER_REGISTERS = 40
+PRODUCER_REGISTERS = 40  # stream-K's producer, which walks its segments: ptxas spilled it at 24
+# The unsplit and split-K kernel's producer is one loop of barrier waits and TMA issues: ptxas fits
+# it, without spills, in 24, the least setmaxnreg takes. Its consumers then get 240 instead of 232,
+# which keeps the wgmmas of 352 x rows asynchronous (176 accumulators and 32 A registers; at 232
+# ptxas serialized them, C7512). That is one wave of three x blocks at M = 1024 on N = 5120: H200,
+# 2026-12-01 (results/h200_timings_2026-12-01_352_rows.json, six rounds), W(352,64,4) 83.8 us on
+# 5120x6144 against 89.4 for the table's stream-K, 226.8 against 237.2 on 5120x17408. The tuner
+# offers it; its final race has not yet kept it (NOTES, twenty-second session).
+LEAN_PRODUCER_REGISTERS = 24
 DEFAULT_PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}  # by consumer warpgroups
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
 # registers (see ``operand_sizes``). Past this ptxas serializes every wgmma (warning C7512): correct,
@@ -84,11 +93,11 @@ def launch_registers(warpgroups: int, ctas_per_sm: int) -> int:
     return SM_REGISTERS // (ctas_per_sm * threads) // REGISTER_STEP * REGISTER_STEP
 
 
-def consumer_registers(warpgroups: int, ctas_per_sm: int) -> int:
+def consumer_registers(warpgroups: int, ctas_per_sm: int, producer_registers: int = PRODUCER_REGISTERS) -> int:
     """What setmaxnreg gives a consumer thread: the CTA's launch pool less the producer's share,
     in steps of REGISTER_STEP."""
     pool = launch_registers(warpgroups, ctas_per_sm) * WARPGROUP_THREADS * (warpgroups + 1)
-    per_thread = (pool - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * warpgroups)
+    per_thread = (pool - WARPGROUP_THREADS * producer_registers) // (WARPGROUP_THREADS * warpgroups)
     return per_thread // REGISTER_STEP * REGISTER_STEP
 
 
@@ -602,7 +611,8 @@ class WgmmaPipeline(NamedTuple):
     acc_size: int
     threads: int
     consumer_threads: int
-    consumer_registers: int  # with a producer: what setmaxnreg gives each consumer thread
+    producer_registers: int  # with a producer: what setmaxnreg leaves the producer's threads
+    consumer_registers: int  # ... and gives each consumer thread
     sync_consumers: object  # the barrier of the split-K and stream-K reductions (``consumer_sync``)
     x_row: object
     w_row: object
@@ -629,7 +639,14 @@ def empty_parity(i, stages: int):
 
 
 def wgmma_pipeline(
-    block_x: int, stages: int, tma_loads: bool, warpgroups: int, block_k: int = SWIZZLE_K, producer: bool = False, ctas_per_sm: int = 1
+    block_x: int,
+    stages: int,
+    tma_loads: bool,
+    warpgroups: int,
+    block_k: int = SWIZZLE_K,
+    producer: bool = False,
+    ctas_per_sm: int = 1,
+    producer_registers: int = PRODUCER_REGISTERS,
 ) -> WgmmaPipeline:
     """The pipeline, as TileLang macros (with a ``producer``, for ``producer_ctas_per_sm(warpgroups,
     ctas_per_sm)`` CTAs per SM).
@@ -667,6 +684,8 @@ def wgmma_pipeline(
     meet only at the stages, so one's dequant can overlap the other's wgmma; the loads no longer wait
     for any consumer's barrier. The last k tile's stage is not released: the caller does that after
     the output tile has gone through it.
+
+    The producer keeps ``producer_registers`` (setmaxnreg) and the consumers share the rest.
 
     ``store(acc, x_tiles, stage, bm, bn, y, alpha_x128, m, tx, refilled)`` (the consumers') writes the scaled
     output tile to ``y`` through the x tile of ``stage``, the segment's last (see ``copy_out``).
@@ -908,8 +927,10 @@ def wgmma_pipeline(
             sync_consumers()  # every copy is done before the stage is refilled
             T.fence_proxy_async()  # ... by TMA, an async-proxy write after these generic accesses
 
-    registers = consumer_registers(wgs, producer_ctas)
-    return WgmmaPipeline(acc_size, threads, consumer_threads, registers, sync_consumers, x_row, w_row, setup, segment, produce, consume, store)
+    registers = consumer_registers(wgs, producer_ctas, producer_registers)
+    return WgmmaPipeline(
+        acc_size, threads, consumer_threads, producer_registers, registers, sync_consumers, x_row, w_row, setup, segment, produce, consume, store
+    )
 
 
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
@@ -921,7 +942,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = CTA_ROWS
     k_tiles = k // split_k // bk
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer)
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
     acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
     last_stage = (k_tiles - 1) % stages  # where ``pipe.store`` stages the output tile
@@ -956,7 +977,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             kt0 = bk_index * k_tiles
             if config.producer:  # the producer is done after its last load; the consumers finish
                 if tx >= pipe.consumer_threads:
-                    T.set_max_nreg(PRODUCER_REGISTERS, 0)
+                    T.set_max_nreg(pipe.producer_registers, 0)
                     pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, kt0, 0, bm, bn, M, tx)
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)

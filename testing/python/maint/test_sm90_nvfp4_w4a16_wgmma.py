@@ -226,7 +226,9 @@ def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
     deep = wg.WgmmaConfig(block_x, 128, wg.deepest_stages(block_x, ctas_per_sm=1, block_k=128), 1, True, 2, True)
     assert (deep in offered) == (deep.stages >= tune.WGMMA_DEEP_K_MIN_STAGES)
     assert wg.whole_waves_block_x(m, 16384, 132) is None and wg.whole_waves_block_x(m, 34816, 132) is None
-    assert wg.whole_waves_block_x(1024, 5120, 132) is None  # three blocks would be 352 rows wide
+    assert wg.whole_waves_block_x(1024, 5120, 132) == wg.MAX_BLOCK_X  # three blocks of the widest x block
+    assert wg.WgmmaConfig(wg.MAX_BLOCK_X, 64, 4, 1, True, 2, True) in set(tune.candidates(1024, 5120, 6144, "sm_90"))
+    assert wg.whole_waves_block_x(1024, 5120, 100) is None  # two blocks would be 512 rows wide
     # Two waves from 64-row blocks: six of 176 rows at M = 1024 (240 tiles), none of 16 at M = 32
     assert wg.WgmmaConfig(176, 128, 4, 1, True, 2, True) in set(tune.candidates(1024, 5120, 6144, "sm_90"))
     assert wg.whole_waves_block_x(32, 16384, 132, waves=2) == 16
@@ -394,7 +396,7 @@ def test_refuses_other_archs(monkeypatch):
     [
         wg.WgmmaConfig(block_k=256),
         wg.WgmmaConfig(block_x=12),
-        wg.WgmmaConfig(block_x=328, warpgroups=2),  # over MAX_BLOCK_X (accumulators)
+        wg.WgmmaConfig(block_x=368, warpgroups=2),  # over MAX_BLOCK_X (accumulators)
         wg.WgmmaConfig(block_x=264, warpgroups=2),  # two warpgroups take the x block in 16-row steps
         wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
         wg.WgmmaConfig(block_x=136, warpgroups=2),  # two warpgroups take the x block in 16-row steps
@@ -414,7 +416,7 @@ def test_bad_configs(config):
         wg.check_wgmma_config(config, 4096, 4096)
 
 
-@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2), (272, 2), (320, 2)])
+@pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2), (272, 2), (320, 2), (352, 2)])
 def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
     """The layout side of both warpgroup shapes, on the CPU: the weight rows a warp's dequant covers
     (words 2 * part .. of its block, word j feeding row 8j + g) are the rows its accumulators are
@@ -812,6 +814,7 @@ PRODUCER_CASES = [
     (300, 5120, 6144, wg.WgmmaConfig(304, 64, 5, 1, True, 2, True)),
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, 1, True, 2, True)),
     (600, 640, 2304, wg.WgmmaConfig(320, 64, 4, 1, True, 2, True)),
+    (1000, 5120, 6144, wg.WgmmaConfig(352, 64, 4, 1, True, 2, True)),  # the widest x block (lean producer); a partial last one
     # split-K: the consumers exchange on their named barrier; the producer loads its split's k tiles
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True)),  # 16 k tiles per split
     (70, 640, 2304, wg.WgmmaConfig(80, 64, 4, 4, True, 1, True)),  # one consumer warpgroup, 9 k tiles per split
@@ -1055,18 +1058,20 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:9] + PRODUCER_CASES[-3:]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-3:]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA launches with the registers its share of an SM allows
     (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
     compiles their path within that, unserialized and without spills (the one-warpgroup 128-row
     kernel used 218 registers without a producer, 216 are its consumers' share; two two-warpgroup
-    CTAs per SM leave 96)."""
+    CTAs per SM leave 96). The unsplit and split-K kernel's producer keeps the lean share, stream-K's
+    the larger one."""
     wgs = config.warpgroups
     ctas = wg.producer_ctas_per_sm(wgs, getattr(config, "ctas_per_sm", 1))
+    producer = wg.LEAN_PRODUCER_REGISTERS if isinstance(config, wg.WgmmaConfig) else wg.PRODUCER_REGISTERS
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
-    assert f"warpgroup_reg_alloc<{wg.consumer_registers(wgs, ctas)}>" in source and f"warpgroup_reg_dealloc<{wg.PRODUCER_REGISTERS}>" in source
+    assert f"warpgroup_reg_alloc<{wg.consumer_registers(wgs, ctas, producer)}>" in source and f"warpgroup_reg_dealloc<{producer}>" in source
     threads = wg.WARPGROUP_THREADS * (wgs + 1)
     assert f"__launch_bounds__({threads}, {ctas})" in source
     assert "__syncthreads();" not in source.split("warpgroup_reg_alloc")[1]  # split-K and stream-K: named barriers
@@ -1078,10 +1083,12 @@ def test_consumer_registers_fit_the_launch_pool():
     the consumers' registers must fit what the CTA launched with, or the kernel hangs (two CTAs of
     two consumer warpgroups at 104 did on the H200); and the launch must fit the SM."""
     assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 96]
-    for consumers, ctas in ((2, 1), (1, 2), (2, 2)):
+    lean = wg.LEAN_PRODUCER_REGISTERS
+    assert [wg.consumer_registers(2, 1, lean), wg.consumer_registers(1, 2, lean)] == [240, 232]
+    for consumers, ctas, producer in ((2, 1, wg.PRODUCER_REGISTERS), (1, 2, wg.PRODUCER_REGISTERS), (2, 2, wg.PRODUCER_REGISTERS), (2, 1, lean), (1, 2, lean)):
         threads = wg.WARPGROUP_THREADS * (consumers + 1)
         pool = wg.launch_registers(consumers, ctas) * threads
-        used = wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas) + wg.PRODUCER_REGISTERS)
+        used = wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas, producer) + producer)
         assert pool - wg.REGISTER_STEP * wg.WARPGROUP_THREADS * consumers < used <= pool and ctas * pool <= wg.SM_REGISTERS
     assert wg.producer_ctas_per_sm(1, 1) == 2 and wg.producer_ctas_per_sm(2, 1) == 1 and wg.producer_ctas_per_sm(2, 2) == 2
 
@@ -1113,6 +1120,7 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
         sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
         sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
         sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
+        sk.WgmmaStreamKConfig(352, 64, 4, 1, True, 2, True),  # over stream-K's x block (its consumers' registers)
         sk.WgmmaStreamKConfig(streamk_waves=-1),  # 0 is plain stream-K, no fewer
         sk.WgmmaStreamKConfig(streamk_waves=True),  # an int field
     ],
