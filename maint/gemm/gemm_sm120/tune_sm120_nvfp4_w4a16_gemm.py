@@ -205,10 +205,9 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     for waves in WHOLE_WAVES:  # see hopper.ONE_WAVE_MIN_STAGES and TWO_WAVES_MIN_FILL
         wave = hopper.whole_waves_block_x(m, n, sm_count, waves)
         if m > TWO_WARPGROUP_MIN_M and wave and (waves == 1 or wave >= hopper.ONE_WAVE_MIN_BLOCK_X):
-            for bk in (hopper.SWIZZLE_K, hopper.DEEP_K):
-                stages = hopper.deepest_stages(wave, ctas_per_sm=1, block_k=bk)
-                if bk == hopper.SWIZZLE_K or stages >= WGMMA_DEEP_K_MIN_STAGES:
-                    out.append(W(wave, stages, 1, 2, bk=bk)._replace(tma_loads=True, producer=True))
+            for bk, min_stages in ((hopper.SWIZZLE_K, hopper.MIN_STAGES), (hopper.DEEP_K, WGMMA_DEEP_K_MIN_STAGES)):
+                whole = hopper.whole_tiles_config(wave, k, bk, min_stages)
+                out += [whole] if whole else []
     return out + streamk_waves_twins(out, m, n, k, sm_count)
 
 

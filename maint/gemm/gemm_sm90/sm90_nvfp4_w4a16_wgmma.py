@@ -521,11 +521,12 @@ def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Option
     return block_x if block_x <= MAX_BLOCK_X else None
 
 
-def _whole_tiles_config(block_x: int, k: int) -> Optional[WgmmaConfig]:
-    """Unsplit whole tiles of ``block_x`` rows, two consumer warpgroups and a producer, 128 deep, the
-    deepest pipeline; None under ONE_WAVE_MIN_STAGES stages."""
-    stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=DEEP_K), k // DEEP_K)
-    return WgmmaConfig(block_x, DEEP_K, stages, 1, True, 2, True) if stages >= ONE_WAVE_MIN_STAGES else None
+def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: int = ONE_WAVE_MIN_STAGES) -> Optional[WgmmaConfig]:
+    """Unsplit whole tiles of ``block_x`` rows, two consumer warpgroups and a producer, ``block_k``
+    deep, the deepest pipeline that fits (at most K's k tiles); None under ``min_stages`` stages. The
+    heuristic's one- and two-wave configs, and the tuner's whole-wave candidates."""
+    stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=block_k), k // block_k)
+    return WgmmaConfig(block_x, block_k, stages, 1, True, 2, True) if stages >= min_stages else None
 
 
 def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_warpgroup: bool = False) -> Optional[WgmmaConfig]:
@@ -536,7 +537,7 @@ def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_war
     min_block_x = ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X if over_one_warpgroup and m > SMALL_M else ONE_WAVE_MIN_BLOCK_X
     if block_x is None or block_x < min_block_x or (k > ONE_WAVE_MAX_K and block_x < TMA_BLOCK_X):
         return None
-    return _whole_tiles_config(block_x, k)
+    return whole_tiles_config(block_x, k)
 
 
 def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
@@ -545,7 +546,7 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     block_x = whole_waves_block_x(m, n, sm_count, waves=2) if k % DEEP_K == 0 else None
     if block_x is None or block_x < TWO_WAVES_MIN_BLOCK_X or _tiles(m, n, block_x) < TWO_WAVES_MIN_FILL * 2 * sm_count:
         return None
-    return _whole_tiles_config(block_x, k)
+    return whole_tiles_config(block_x, k)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

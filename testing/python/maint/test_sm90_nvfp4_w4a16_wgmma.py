@@ -235,6 +235,20 @@ def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
     assert all(c.block_x != 16 for c in tune.candidates(32, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
+def test_tuner_whole_wave_candidates_take_short_k():
+    """Where the deepest pipeline holds more stages than K has k tiles, the whole-wave candidates
+    take K's k tiles instead of dropping out (``wg.whole_tiles_config``, shared with the heuristic):
+    4224x1024 has 33 weight tiles, so M = 32 runs as two 16-row x blocks, with 16 stages 64 deep or
+    8 stages 128 deep."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    assert wg.whole_waves_block_x(32, 4224, 132) == 16
+    offered = set(tune.candidates(32, 4224, 1024, "sm_90"))
+    for block_k, stages in ((64, 16), (128, 8)):
+        assert wg.deepest_stages(16, ctas_per_sm=1, block_k=block_k) > stages
+        assert wg.WgmmaConfig(16, block_k, stages, 1, True, 2, True) in offered
+
+
 def test_heuristic_one_wave_of_whole_tiles_and_its_limits():
     """Where the weight tiles are few the dispatch cuts M into as many x blocks as one wave holds:
     unsplit, two consumer warpgroups and a producer, 128 deep, the deepest pipeline
