@@ -1338,7 +1338,12 @@ class GraphTimer:
         torch.cuda.synchronize()
         return start.elapsed_time(end) * 1000 / repeats
 
-    def per_call_us(self, repeats: int = 5) -> float:
+    def per_call_us(self, repeats: int = 5, heat_ms: float = 0.0) -> float:
+        """``heat_ms``: first replay, untimed, for about that long, so that the timed replays run at
+        the clocks a sustained load gets rather than those of a GPU that was idle a moment before."""
+        if heat_ms > 0:
+            for _ in range(math.ceil(heat_ms * 1000 / self._replay_us(self.graph, 1))):
+                self.graph.replay()
         total = self._replay_us(self.graph, repeats)
         if self.separators is not None:
             total -= self._replay_us(self.separators, repeats)

@@ -258,34 +258,39 @@ def rotated_weights(n: int, k: int) -> tuple:
     return raw, [nv.prepare_nvfp4_weight(*r) for r in raw]
 
 
-def time_configs(x: torch.Tensor, weights: list, configs: list) -> list:
-    """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights."""
+def graph_timer(x: torch.Tensor, weights: list, config) -> nv.GraphTimer:
+    """The benchmark's timer for ``config``: one call per rotated weight, each after a separator."""
     separator_buffer = torch.zeros(1, device="cuda")
-    timed = []
-    for config in configs:
-        calls = [lambda w=w, c=config: maint.nvfp4_w4a16_linear(x, w, c) for w in weights]
-        timed.append((nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0)).per_call_us(), config))
-    return sorted(timed, key=lambda t: t[0])
+    calls = [lambda w=w: maint.nvfp4_w4a16_linear(x, w, config) for w in weights]
+    return nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0))
 
 
-# One pass over 25-50 candidates is not a fair race at large M: in a tuning of 34816x5120 (H200,
+def time_configs(x: torch.Tensor, weights: list, configs: list) -> list:
+    """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights, one
+    config at a time (the graphs of 25-75 candidates would not fit in memory together)."""
+    return sorted(((graph_timer(x, weights, config).per_call_us(), config) for config in configs), key=lambda t: t[0])
+
+
+# One pass over 25-75 candidates is not a fair race at large M: in a tuning of 34816x5120 (H200,
 # 2026-11-30) the stream-K twins timed last at M = 1024 took 1.14-1.23x the time they had taken in a
 # probe that timed them in pairs (the base config 1.07x), and lost a cell they had won there. The
-# fastest FINALISTS are timed again side by side, FINAL_ROUNDS rounds in rotated order (as the
-# benchmark does), and ranked by their best round.
+# fastest FINALISTS are timed again the benchmark's way (``bench.race``: all captured first, then
+# FINAL_ROUNDS rounds back to back in rotated order) and ranked by their best round. Until
+# 2026-12-01 each round captured its graphs anew, each replayed right after its own capture; that
+# race ranked W(352,64,4) last of four at M = 1024 on the N = 5120 shapes (5120x6144: 92.1 us),
+# where the benchmark, with two tables in one call, ran it 2-5 % faster than the stream-K config
+# the race had picked (84.5 against 89.0 us; NOTES, twenty-third session).
 FINALISTS = 4
 FINAL_ROUNDS = 3
 
 
 def final_race(x: torch.Tensor, weights: list, timed: list) -> list:
     """``[(us, config)]`` of the first pass's fastest ``FINALISTS``, fastest first: each config's best
-    of ``FINAL_ROUNDS`` rounds, every round rotating which config goes first."""
-    finalists = [config for _, config in timed[:FINALISTS]]
-    best = {config: float("inf") for config in finalists}
-    for r in range(FINAL_ROUNDS):
-        for us, config in time_configs(x, weights, finalists[r % len(finalists):] + finalists[:r % len(finalists)]):
-            best[config] = min(best[config], us)
-    return sorted(((us, config) for config, us in best.items()), key=lambda t: t[0])
+    of ``FINAL_ROUNDS`` benchmark rounds."""
+    timers = {config: graph_timer(x, weights, config) for _, config in timed[:FINALISTS]}
+    rounds = bench.race(timers, FINAL_ROUNDS)
+    del timers
+    return sorted(((min(us), config) for config, us in rounds.items()), key=lambda t: t[0])
 
 
 def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> bool:

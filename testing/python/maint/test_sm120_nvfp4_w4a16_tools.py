@@ -170,6 +170,26 @@ def test_benchmark_precompiles_what_the_dispatch_launches(monkeypatch):
     assert bench.dispatched_configs(300, 4096, 4096, "example", cpu) == {nv.get_config(300, 4096, 4096, sm_count=132)}
 
 
+def test_benchmark_race_rotates_methods_and_heats_each_timing_when_sustained():
+    """``bench.race``: every method once per round, each round led by the next one; ``--sustained``
+    passes its heat to every timing and the default passes none."""
+    for heat in (0.0, bench.SUSTAINED_HEAT_MS):
+        log = []
+
+        class FakeTimer:
+            def __init__(self, name):
+                self.name = name
+
+            def per_call_us(self, heat_ms=0.0):
+                log.append((self.name, heat_ms))
+                return float(len(log))
+
+        times = bench.race({name: FakeTimer(name) for name in "abc"}, rounds=3, heat_ms=heat)
+        assert [name for name, _ in log] == list("abc" "bca" "cab")
+        assert {h for _, h in log} == {heat}
+        assert times == {"a": [1.0, 6.0, 8.0], "b": [2.0, 4.0, 9.0], "c": [3.0, 5.0, 7.0]}
+
+
 def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
     """``--update``: a tuned shape's old M ranges, cut at the breakpoints, take the winner of the
     breakpoint they end at, and keep their old config where they end at none; the new ones join an
@@ -195,21 +215,31 @@ def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
 
 
 def test_tuner_final_race_rotates_the_order_and_keeps_each_configs_best_round(monkeypatch):
-    """``final_race``: only the first pass's ``FINALISTS`` run again, each round starts with another of
-    them, and each is ranked by its best round. Config c takes 10 + c us, plus 0.4 us per config run
-    before it in the round (a GPU slowing under load); the first pass saw a stronger drift and ranked
-    them backwards."""
-    orders = []
+    """``final_race``: only the first pass's ``FINALISTS`` run again, all captured before the first
+    round (as in the benchmark), each round starts with another of them, and each is ranked by its
+    best round. Config c takes 10 + c us, plus 0.4 us per config run before it in the round (a GPU
+    slowing under load); the first pass saw a stronger drift and ranked them backwards."""
+    captured, replays = [], []
 
-    def fake_time_configs(x, weights, configs):
-        orders.append(list(configs))
-        return sorted(((10.0 + 0.4 * position + config, config) for position, config in enumerate(configs)), key=lambda t: t[0])
+    class FakeTimer:
+        def __init__(self, config):
+            assert not replays, "every finalist is captured before the first round"
+            captured.append(config)
+            self.config = config
 
-    monkeypatch.setattr(tune, "time_configs", fake_time_configs)
+        def per_call_us(self, heat_ms=0.0):
+            assert heat_ms == 0.0
+            position = len(replays) % len(captured)
+            replays.append(self.config)
+            return 10.0 + 0.4 * position + self.config
+
+    monkeypatch.setattr(tune, "graph_timer", lambda x, weights, config: FakeTimer(config))
     # First pass: config 3 timed first (13.0) looks faster than config 0 timed fourth (16.0).
     timed = [(13.0, 3), (14.5, 2), (15.0, 1), (16.0, 0), (17.0, 9)]
     final = tune.final_race(None, None, timed)
     finalists = [3, 2, 1, 0][: tune.FINALISTS]
+    assert captured == finalists
+    orders = [replays[i : i + len(finalists)] for i in range(0, len(replays), len(finalists))]
     assert len(orders) == tune.FINAL_ROUNDS and all(sorted(o) == sorted(finalists) for o in orders)
     assert len({o[0] for o in orders}) == min(tune.FINAL_ROUNDS, len(finalists))  # a different config leads each round
     best = {c: min(10.0 + 0.4 * o.index(c) + c for o in orders) for c in finalists}

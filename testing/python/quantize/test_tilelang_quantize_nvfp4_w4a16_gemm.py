@@ -406,6 +406,20 @@ def test_cuda_graph_replays_match_eager(gpu_case, m):
 
 
 @needs_gpu
+@needs_gpu
+def test_graph_timer_heat_replays_before_timing():
+    """``per_call_us(heat_ms=...)`` replays the graph for about that long before the timed replays
+    (the benchmark's ``--sustained``); without heat it replays only the timed ones."""
+    counter = torch.zeros(1, device="cuda")
+    timer = nv.GraphTimer([lambda: torch.cuda._sleep(100_000), lambda: counter.add_(1.0)])  # ~50 us of spinning per replay
+    captured = counter.item()  # the warm-up call and the capture's replay
+    assert timer.per_call_us(repeats=5) > 0
+    assert counter.item() - captured == 5
+    timer.per_call_us(repeats=5, heat_ms=5.0)
+    heat_replays = counter.item() - captured - 5 - 5
+    assert 5 <= heat_replays <= 1000, heat_replays
+
+
 def test_first_call_inside_a_graph_sharing_a_pool():
     """The very first call for a weight happens inside a capture whose pool an earlier graph used."""
     n, k, m = 2048, 1024, 8
