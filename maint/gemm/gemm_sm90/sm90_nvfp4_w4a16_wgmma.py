@@ -67,8 +67,9 @@ PRODUCER_REGISTERS = 40  # stream-K's producer, which walks its segments: ptxas 
 # which keeps the wgmmas of 352 x rows asynchronous (176 accumulators and 32 A registers; at 232
 # ptxas serialized them, C7512). That is one wave of three x blocks at M = 1024 on N = 5120: H200,
 # 2026-12-01 (results/h200_timings_2026-12-01_352_rows.json, six rounds), W(352,64,4) 83.8 us on
-# 5120x6144 against 89.4 for the table's stream-K, 226.8 against 237.2 on 5120x17408. The tuner
-# offers it; its final race has not yet kept it (NOTES, twenty-second session).
+# 5120x6144 against 89.4 for the table's stream-K, 226.8 against 237.2 on 5120x17408. Since the
+# tuner's final race times the benchmark's way, the table takes it at M = 961-1024 of 5120x6144
+# (84.3 us in the benchmark of 2026-12-01c, 88.7 for the stream-K config before it).
 LEAN_PRODUCER_REGISTERS = 24
 DEFAULT_PRODUCER_CTAS_PER_SM = {2: 1, 1: 2}  # by consumer warpgroups
 # 32-bit registers a thread gives the wgmma's operands: its accumulators and both halves of the A
