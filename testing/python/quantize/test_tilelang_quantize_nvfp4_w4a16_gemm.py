@@ -406,7 +406,6 @@ def test_cuda_graph_replays_match_eager(gpu_case, m):
 
 
 @needs_gpu
-@needs_gpu
 def test_graph_timer_heat_replays_before_timing():
     """``per_call_us(heat_ms=...)`` replays the graph for about that long before the timed replays
     (the benchmark's ``--sustained``); without heat it replays only the timed ones."""
@@ -420,6 +419,7 @@ def test_graph_timer_heat_replays_before_timing():
     assert 5 <= heat_replays <= 1000, heat_replays
 
 
+@needs_gpu
 def test_first_call_inside_a_graph_sharing_a_pool():
     """The very first call for a weight happens inside a capture whose pool an earlier graph used."""
     n, k, m = 2048, 1024, 8
