@@ -265,10 +265,11 @@ def graph_timer(x: torch.Tensor, weights: list, config) -> nv.GraphTimer:
     return nv.GraphTimer(calls, lambda: separator_buffer.add_(1.0))
 
 
-def time_configs(x: torch.Tensor, weights: list, configs: list) -> list:
+def time_configs(x: torch.Tensor, weights: list, configs: list, heat_ms: float = 0.0) -> list:
     """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights, one
-    config at a time (the graphs of 25-75 candidates would not fit in memory together)."""
-    return sorted(((graph_timer(x, weights, config).per_call_us(), config) for config in configs), key=lambda t: t[0])
+    config at a time (the graphs of 25-75 candidates would not fit in memory together), each after
+    ``heat_ms`` of its own calls (``--sustained``)."""
+    return sorted(((graph_timer(x, weights, config).per_call_us(heat_ms=heat_ms), config) for config in configs), key=lambda t: t[0])
 
 
 # One pass over 25-75 candidates is not a fair race at large M: in a tuning of 34816x5120 (H200,
@@ -284,11 +285,11 @@ FINALISTS = 4
 FINAL_ROUNDS = 3
 
 
-def final_race(x: torch.Tensor, weights: list, timed: list) -> list:
+def final_race(x: torch.Tensor, weights: list, timed: list, heat_ms: float = 0.0) -> list:
     """``[(us, config)]`` of the first pass's fastest ``FINALISTS``, fastest first: each config's best
     of ``FINAL_ROUNDS`` benchmark rounds."""
     timers = {config: graph_timer(x, weights, config) for _, config in timed[:FINALISTS]}
-    rounds = bench.race(timers, FINAL_ROUNDS)
+    rounds = bench.race(timers, FINAL_ROUNDS, heat_ms)
     del timers
     return sorted(((min(us), config) for config, us in rounds.items()), key=lambda t: t[0])
 
@@ -298,15 +299,16 @@ def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> boo
     return nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weight, config), ref)["ok"]
 
 
-def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None) -> list:
+def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None, heat_ms: float = 0.0) -> list:
     """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
-    Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given."""
+    Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given; every
+    timing follows ``heat_ms`` of the same calls."""
     raw, weights = rotated_weights(n, k)
     winners = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        timed = time_configs(x, weights, candidates(m, n, k, arch))
-        final = final_race(x, weights, timed)
+        timed = time_configs(x, weights, candidates(m, n, k, arch), heat_ms)
+        final = final_race(x, weights, timed, heat_ms)
         if timings is not None:
             final_us = {config: us for us, config in final}
             timings += [{"n": n, "k": k, "m": m, "us": us, **({"final_us": final_us[config]} if config in final_us else {}), **maint.config_to_json(config)}
@@ -348,7 +350,7 @@ def twin_configs(base, twins: list, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
-def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, progress: bench.Progress, timings: list) -> None:
+def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, progress: bench.Progress, timings: list, heat_ms: float = 0.0) -> None:
     """For each M: the dispatch's config (the table's, else the heuristics') and its twins, timed side
     by side and each checked against the FP32 reference; one line each on stdout, rows with ``ok`` in
     ``timings``."""
@@ -357,7 +359,7 @@ def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, prog
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         configs = twin_configs(maint.config_for(m, n, k, device), twins, n, k, arch)
-        times = {c: us for us, c in time_configs(x, weights, configs)}
+        times = {c: us for us, c in time_configs(x, weights, configs, heat_ms)}
         ref = nv.reference_nvfp4_linear(x, *raw[0])
         cells = []
         for c in configs:
@@ -430,6 +432,10 @@ def main(argv=None) -> int:
     parser.add_argument("--update", action="store_true", help="keep the entries of shapes not tuned now, and of tuned shapes the M ranges that end at no breakpoint of --ms")
     parser.add_argument("--timings", help="also write every candidate's time to this JSON file (for heuristics)")
     parser.add_argument(
+        "--sustained", action="store_true",
+        help=f"time every candidate after {bench.SUSTAINED_HEAT_MS:.0f} ms of its own calls, at the clock a long load runs at (as the benchmark's --sustained)",
+    )  # fmt: skip
+    parser.add_argument(
         "--twins", type=parse_twin, action="append", metavar="FIELD=VALUE[,...]",
         help="instead of tuning: time the dispatch's config at each shape and M beside its twin with these fields changed "
         "(e.g. block_k=128 or producer=true; repeat for more twins), check each against the reference, write no table",
@@ -443,13 +449,14 @@ def main(argv=None) -> int:
     key, arch = maint.gpu_key(device), nv.device_arch(device)
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
+    heat_ms = bench.SUSTAINED_HEAT_MS if args.sustained else 0.0
     if args.twins:
         twins = {(n, k, c) for n, k in args.shapes for m in ms for c in twin_configs(maint.config_for(m, n, k, device), args.twins, n, k, arch)}
         nv.precompile(twins, arch, maint.compile_any)
         timings = []
         progress = bench.Progress(len(args.shapes) * len(ms))
         for n, k in args.shapes:
-            time_twins(n, k, ms, args.twins, device, progress, timings)
+            time_twins(n, k, ms, args.twins, device, progress, timings, heat_ms)
         if args.timings:
             pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
         return 0
@@ -457,7 +464,7 @@ def main(argv=None) -> int:
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:
-        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings))
+        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms))
     if args.timings:
         pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
     if args.update and path.exists():

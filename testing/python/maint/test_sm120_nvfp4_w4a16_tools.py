@@ -190,6 +190,26 @@ def test_benchmark_race_rotates_methods_and_heats_each_timing_when_sustained():
         assert times == {"a": [1.0, 6.0, 8.0], "b": [2.0, 4.0, 9.0], "c": [3.0, 5.0, 7.0]}
 
 
+def test_tuner_first_pass_times_each_candidate_with_the_heat_it_is_given(monkeypatch):
+    """``time_configs``: one timer per candidate, each timed once, after ``heat_ms`` (0 unless
+    ``--sustained``), fastest first."""
+    heats = []
+
+    class FakeTimer:
+        def __init__(self, config):
+            self.config = config
+
+        def per_call_us(self, heat_ms=0.0):
+            heats.append(heat_ms)
+            return 10.0 - self.config
+
+    monkeypatch.setattr(tune, "graph_timer", lambda x, weights, config: FakeTimer(config))
+    assert tune.time_configs(None, None, [1, 3, 2]) == [(7.0, 3), (8.0, 2), (9.0, 1)] and heats == [0.0] * 3
+    heats.clear()
+    tune.time_configs(None, None, [1, 3], bench.SUSTAINED_HEAT_MS)
+    assert heats == [bench.SUSTAINED_HEAT_MS] * 2
+
+
 def test_tuner_update_replaces_only_the_m_ranges_it_tuned():
     """``--update``: a tuned shape's old M ranges, cut at the breakpoints, take the winner of the
     breakpoint they end at, and keep their old config where they end at none; the new ones join an
@@ -228,15 +248,16 @@ def test_tuner_final_race_rotates_the_order_and_keeps_each_configs_best_round(mo
             self.config = config
 
         def per_call_us(self, heat_ms=0.0):
-            assert heat_ms == 0.0
+            assert heat_ms == heat
             position = len(replays) % len(captured)
             replays.append(self.config)
             return 10.0 + 0.4 * position + self.config
 
     monkeypatch.setattr(tune, "graph_timer", lambda x, weights, config: FakeTimer(config))
+    heat = bench.SUSTAINED_HEAT_MS  # --sustained: every timing of the race after its heat
     # First pass: config 3 timed first (13.0) looks faster than config 0 timed fourth (16.0).
     timed = [(13.0, 3), (14.5, 2), (15.0, 1), (16.0, 0), (17.0, 9)]
-    final = tune.final_race(None, None, timed)
+    final = tune.final_race(None, None, timed, heat)
     finalists = [3, 2, 1, 0][: tune.FINALISTS]
     assert captured == finalists
     orders = [replays[i : i + len(finalists)] for i in range(0, len(replays), len(finalists))]
