@@ -290,7 +290,6 @@ def final_race(x: torch.Tensor, weights: list, timed: list, heat_ms: float = 0.0
     of ``FINAL_ROUNDS`` benchmark rounds."""
     timers = {config: graph_timer(x, weights, config) for _, config in timed[:FINALISTS]}
     rounds = bench.race(timers, FINAL_ROUNDS, heat_ms)
-    del timers
     return sorted(((min(us), config) for config, us in rounds.items()), key=lambda t: t[0])
 
 
