@@ -881,6 +881,23 @@ def test_gpu_cases_are_valid_configs():
         sk.check_any_config(config, n, k, "sm_90")
 
 
+def test_sanitizer_cases_cover_every_store_and_load_path():
+    """The compute-sanitizer script's cases launch, and between them take both loaders, split-K, a
+    producer, two warpgroups, a partial x block and stream-K (whose CTAs refill a stage after a store)."""
+    sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm90"))
+    import sanitize_sm90_nvfp4_w4a16_wgmma as sanitize
+
+    configs = [config for _, _, _, config in sanitize.SANITIZER_CASES]
+    for _, n, k, config in sanitize.SANITIZER_CASES:
+        sk.check_any_config(config, n, k, "sm_90")
+    assert any(m % config.block_x for m, _, _, config in sanitize.SANITIZER_CASES)  # a partial x block
+    assert {c.tma_loads for c in configs} == {False, True}
+    assert any(isinstance(c, wg.WgmmaConfig) and c.split_k > 1 for c in configs)
+    assert {c.producer for c in configs} == {False, True}
+    assert {c.warpgroups for c in configs} == {1, 2}
+    assert any(isinstance(c, sk.WgmmaStreamKConfig) for c in configs)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def precompiled_wgmma_kernels():
     """Compile the GPU tests' kernels in parallel first (TileLang's disk cache turns each in-test
