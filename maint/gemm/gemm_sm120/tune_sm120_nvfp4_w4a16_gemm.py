@@ -41,7 +41,10 @@ def fits(config, n: int, k: int, arch: str) -> bool:
 # What the candidates vary, from the H200 sweeps of 2026-11-29 (NOTES.md): the split (what fills the
 # SMs), a second k group of warps, and for Hopper the wgmma kernel's x block. Deeper cp.async
 # pipelines than the heuristic's 3-4 stages measured slower (M = 1 is bound by issue, not bytes in
-# flight), so the tuner does not spend compiles on them.
+# flight), so the tuner does not spend compiles on them. That holds past sm_120's shared memory too:
+# with the H200's 227 KB per CTA (a probe that lifted the fragment kernel's limit), 256-deep tiles
+# at 4-6 stages and 512-deep at 2-4 took 1.02-1.10x the table's 3 stages of 256 on 16384x5120 at
+# M = 1 and 16 (results/h200_timings_2026-12-01_deep_fragment_pipelines.json).
 FRAG_SPLITS = (1, 2, 4, 8)
 FRAG_WARPS_K = (1, 2)
 # 256-deep k tiles halve the per-tile loop overhead (address math, barriers, cp.async issue) per
