@@ -33,7 +33,9 @@ sys.path.insert(0, str(_HERE.parents[2] / "examples" / "gemm_sm120"))
 sys.path.insert(0, str(_HERE.parents[0] / "gemm_sm90"))
 
 import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
+import sm120_nvfp4_w4a16_skinny as skinny  # noqa: E402
 import sm90_nvfp4_w4a16_wgmma as hopper  # noqa: E402
+from sm120_nvfp4_w4a16_skinny import SkinnyConfig  # noqa: E402
 from sm120_nvfp4_w4a16_gemm import (  # noqa: E402,F401  (re-exported: one import gives the whole surface)
     FragConfig,
     NVFP4W4A16Weight,
@@ -96,8 +98,8 @@ class WgmmaStreamKConfig(NamedTuple):
 
 # The wgmma configs (maint/gemm/gemm_sm90) run on sm_90 only: explicit configs, sm_90 tables and
 # the sm_90 branch of heuristic_config name them, so sm_120 never sees them.
-AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig]
-CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig)
+AnyConfig = Union[FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig, SkinnyConfig]
+CONFIG_TYPES = (FragConfig, TileConfig, StreamKConfig, hopper.WgmmaConfig, WgmmaStreamKConfig, SkinnyConfig)
 COPIES_PER_STAGE = 3  # commit groups per stage: x (by hand), codes and scales (T.async_copy commits each)
 x_swizzled = hopper.x_swizzled  # the x tiles are laid out and loaded as the wgmma kernel's
 PARTIAL_SLOTS_PER_CTA = 2  # a CTA's range cuts at most two tiles: its first and its last
@@ -545,6 +547,8 @@ def check_any_config(config: AnyConfig, n: int, k: int, arch: str) -> None:
         check_wgmma_streamk_config(config, n, k)
     elif isinstance(config, StreamKConfig):
         check_streamk_config(config, n, k, smem_per_sm(arch))
+    elif isinstance(config, SkinnyConfig):
+        skinny.check_skinny_config(config, n, k, arch)
     else:
         example.check_config(config, n, k)
 
@@ -557,6 +561,8 @@ def compile_any(n: int, k: int, config: AnyConfig, arch: str):
         return compile_wgmma_streamk(n, k, config)
     if isinstance(config, StreamKConfig):
         return compile_streamk(n, k, config, arch)
+    if isinstance(config, SkinnyConfig):
+        return skinny.compile_skinny(n, k, config, arch)
     return example.compile_kernel(n, k, config, arch)
 
 
@@ -779,6 +785,7 @@ LAUNCHERS = {
     StreamKConfig: launch_streamk,
     hopper.WgmmaConfig: hopper.launch_wgmma,
     WgmmaStreamKConfig: launch_wgmma_streamk,
+    SkinnyConfig: skinny.launch_skinny,
 }
 
 

@@ -27,6 +27,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import benchmark_sm120_nvfp4_w4a16_gemm as bench  # noqa: E402
 import sm120_nvfp4_w4a16_streamk as maint  # noqa: E402
 
+skinny = maint.skinny
+
 nv = maint.example
 
 
@@ -156,6 +158,34 @@ SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
 
+# The skinny kernel (M <= 32): (rows_per_warp, depth, ctas_per_sm) with four warps per CTA, over
+# SKINNY_SPLITS. From the H200 probe of 2026-12-01 (34816x5120 M = 1; NOTES, twenty-fifth session):
+# these three ran 27.7-28.4 us; with fewer bytes in flight per SM (depth 2 at 16 or fewer warps)
+# 31.1, with 8 warps per CTA (two CTAs per SM) 36.8. Wider x blocks hold more accumulators, so they
+# take one CTA per SM less.
+SKINNY_SHAPES = ((1, 4, 5), (1, 2, 6), (2, 4, 3))
+SKINNY_WIDE_SHAPES = ((1, 4, 4), (1, 2, 5), (2, 2, 3))
+SKINNY_SPLITS = (1, 2, 4, 8)
+SKINNY_WARPS = 4
+
+
+def skinny_candidates(m: int, k: int, arch: str) -> list:
+    """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
+    tile, ``SKINNY_WIDE_SHAPES``) at each split, its depth cut to a divisor of each warp's k32
+    blocks and its CTAs per SM to what the shared memory holds (``candidates`` filters the rest)."""
+    block_x = skinny.block_x_for(m)
+    shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
+    out = []
+    for rows, depth, ctas in shapes:
+        for split in SKINNY_SPLITS:
+            warp_blocks = k // nv.FRAG_K // split // SKINNY_WARPS
+            ring = max([d for d in range(1, depth + 1) if warp_blocks % d == 0] or [1])
+            config = skinny.SkinnyConfig(block_x, rows, split, SKINNY_WARPS, ring, ctas)
+            held = skinny.SMEM_PER_SM[arch] // (config.shared_bytes(k) + skinny.CTA_RESERVED_SMEM)
+            out.append(config._replace(ctas_per_sm=max(1, min(ctas, held))))
+    return out
+
+
 def ctas_per_sm(config, arch: str) -> int:
     """CTAs of ``config`` that one SM's shared memory holds on ``arch``."""
     return maint.smem_per_sm(arch) // (config.kernel_shape().shared_bytes() + maint.hopper.CTA_RESERVED_SMEM)
@@ -252,7 +282,19 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
         out += [heuristic._replace(split_k=2), nv.TileConfig(128, 128, 64, 2, 2, 1, 4)]
     if arch == "sm_90":
         out += wgmma_candidates(m, n, k, sm_count)
+    if m <= skinny.MAX_BLOCK_X:
+        out += skinny_candidates(m, k, arch)
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
+
+
+def race_entrants(m: int, n: int, k: int, arch: str, kinds: Optional[set] = None) -> list:
+    """``candidates``, or with ``kinds`` (config type names, ``--kinds``) the dispatch's config today
+    (the table's, else the heuristics') and the candidates of those kinds: a new kernel family raced
+    against the incumbent, without the compiles and timings of every other candidate."""
+    if kinds is None:
+        return candidates(m, n, k, arch)
+    incumbent = maint.config_for(m, n, k, torch.device("cuda"))
+    return list(dict.fromkeys([incumbent] + [c for c in candidates(m, n, k, arch) if type(c).__name__ in kinds]))
 
 
 def rotated_weights(n: int, k: int) -> tuple:
@@ -301,7 +343,9 @@ def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> boo
     return nv.compare_with_reference(maint.nvfp4_w4a16_linear(x, weight, config), ref)["ok"]
 
 
-def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None, heat_ms: float = 0.0) -> list:
+def tune_shape(
+    n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None, heat_ms: float = 0.0, kinds: Optional[set] = None
+) -> list:
     """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
     Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given; every
     timing follows ``heat_ms`` of the same calls."""
@@ -309,7 +353,7 @@ def tune_shape(n: int, k: int, ms: list, arch: str, progress: bench.Progress, ti
     winners = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        timed = time_configs(x, weights, candidates(m, n, k, arch), heat_ms)
+        timed = time_configs(x, weights, race_entrants(m, n, k, arch, kinds), heat_ms)
         final = final_race(x, weights, timed, heat_ms)
         if timings is not None:
             final_us = {config: us for us, config in final}
@@ -442,7 +486,14 @@ def main(argv=None) -> int:
         help="instead of tuning: time the dispatch's config at each shape and M beside its twin with these fields changed "
         "(e.g. block_k=128 or producer=true; repeat for more twins), check each against the reference, write no table",
     )  # fmt: skip
+    parser.add_argument(
+        "--kinds", type=lambda t: set(t.split(",")), metavar="KIND[,...]",
+        help="race only the candidates of these config kinds (e.g. SkinnyConfig) against the config the dispatch runs today",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    unknown = (args.kinds or set()) - {t.__name__ for t in maint.CONFIG_TYPES}
+    if unknown:
+        parser.error(f"--kinds: unknown config kinds {sorted(unknown)}")
     if args.twins and (args.out or args.update):
         parser.error("--twins writes no table: --out and --update do not apply")
     if not torch.cuda.is_available():
@@ -462,11 +513,11 @@ def main(argv=None) -> int:
         if args.timings:
             pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
         return 0
-    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in candidates(m, n, k, arch)}, arch, maint.compile_any)
+    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in race_entrants(m, n, k, arch, args.kinds)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:
-        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms))
+        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms, args.kinds))
     if args.timings:
         pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
     if args.update and path.exists():

@@ -1,0 +1,346 @@
+"""The skinny kernel: NVFP4 W4A16 GEMM for a few rows of x (M <= 32), streamed from HBM by registers.
+
+At decode sizes the GEMM is a read of the weights, and the SM's issue slots, not HBM, ran out first
+in the kernels that stage every stage of codes through shared memory (NOTES, twenty-first session:
+26 SASS instructions per 32-bit code word in the wgmma kernel's M = 1 loop, 21 in the fragment
+kernel's). This kernel takes the shortest path from HBM to the tensor core:
+
+- the weights are the MMA's **A** operand (m16 x k16 = 16 weight rows x 16 k), so one m16n8k16 MMA
+  consumes a whole code word per thread, half the MMAs of the example's B-operand fragments. The
+  prepared layout needs no change: words j and j + 1 of a lane's 16-byte block slice hold rows g and
+  g + 8 of an m16 tile (see ``_scatter_codes`` in the example), registers ``2s`` and ``2s + 1`` of
+  a word its k halves of k16 step s;
+- each lane loads its 16 bytes of codes and 8 bytes of scales with ``ld.global.nc`` straight into
+  registers, ``depth`` k32 blocks ahead. No shared-memory stage, no barrier and no proxy fence in
+  the loop: each warp runs alone;
+- x (``block_x`` rows of the CTA's K range) sits in shared memory in B-fragment order, one 16-byte
+  load per lane, n8 tile and k32 block; lanes whose rows lie beyond ``block_x`` read 16 zero bytes;
+- a CTA of ``warps`` warps splits its K range between them and adds their accumulators through
+  shared memory; ``split_k`` CTAs per weight-row block meet in the example's deterministic
+  ``split_k_exchange``.
+
+SASS (sm_90a) of the loop for ``SkinnyConfig(1, 1, 2, 4, 4, 5)``: about 18 instructions per code
+word, 15 of them the dequant (``nvfp4_dequant_block``). At M = 1 on 34816x5120 (H200, 2026-12-01)
+the loop's design ran 27.7 us = 3.6 TB/s against 36.6 us for the tuned wgmma config; NOTES,
+twenty-fifth session, has the probe and its configs.
+
+Public surface: ``SkinnyConfig``, ``check_skinny_config``, ``compile_skinny`` and ``launch_skinny``;
+the dispatch in ``sm120_nvfp4_w4a16_streamk`` routes a ``SkinnyConfig`` here.
+"""
+
+import pathlib
+import sys
+from typing import NamedTuple
+
+import torch
+
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE.parents[2] / "examples" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------
+# 1. The config
+# ----------------------------------------------------------------------------------------------
+
+X_TILE_ROWS = 8  # an n8 MMA tile of x rows
+MAX_BLOCK_X = 32  # four n8 tiles: past that the MMAs per code word outgrow the dequant
+REGISTERS_PER_SM = 64 * 1024
+MIN_REGISTERS = 64  # below this ptxas spills the dequant's 16 registers next to the loads in flight
+SMEM_PER_CTA = {"sm_90": 227 * 1024, "sm_120": example.SM120_SMEM_PER_CTA}
+SMEM_PER_SM = {"sm_90": 228 * 1024, "sm_120": example.SM120_SMEM_PER_SM}
+CTA_RESERVED_SMEM = 1024  # what the driver keeps per CTA
+ZERO_SLOT_BYTES = 16  # what lanes without an x row read
+
+
+@example.config_type
+class SkinnyConfig(NamedTuple):
+    """``block_x`` rows of x the kernel holds (1-8, or 16, 24 or 32: whole n8 tiles; at least M),
+    ``rows_per_warp`` 32-row weight blocks per warp (sharing its x fragments), ``split_k`` CTAs per
+    weight-row block, ``warps`` per CTA (each a 1/warps slice of the CTA's K range), ``depth`` k32
+    blocks of codes and scales each lane keeps in flight, ``ctas_per_sm`` CTAs ptxas must fit on an
+    SM (``__launch_bounds__``; it caps the registers)."""
+
+    block_x: int = 1
+    rows_per_warp: int = 1
+    split_k: int = 2
+    warps: int = 4
+    depth: int = 4
+    ctas_per_sm: int = 5
+
+    BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
+    SHARED_BYTES_PER_CTA = 1 << 30  # the example's check is not this kernel's: see ``shared_bytes``
+
+    def kernel_shape(self) -> example.KernelShape:
+        """The example's shape view, for its checks of the fields, the divisibility and the split:
+        a k tile is every warp's ``depth`` k32 blocks, k-split over the warps."""
+        return example.KernelShape(
+            self.block_x, self.rows_per_warp * example.FRAG_N, self.warps * self.depth * example.FRAG_K, 1, 1, 1, self.split_k, self.warps
+        )
+
+    @property
+    def x_tiles(self) -> int:
+        return -(-self.block_x // X_TILE_ROWS)
+
+    @property
+    def accumulators(self) -> int:
+        """FP32 accumulators per thread: two m16 tiles per weight block, four per (m16, n8) tile."""
+        return self.rows_per_warp * 2 * self.x_tiles * 4
+
+    def shared_bytes(self, k: int) -> int:
+        """x in fragment order (64 bytes per row and k32 block), the zero slot, the warps' handoff,
+        the exchange's ticket."""
+        k_blocks = k // example.FRAG_K // self.split_k
+        handoff = (self.warps - 1) * self.accumulators * 32 * 4
+        return k_blocks * self.block_x * 64 + ZERO_SLOT_BYTES + handoff + 16
+
+    def registers(self) -> int:
+        """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
+        return REGISTERS_PER_SM // (self.ctas_per_sm * self.warps * 32) // 8 * 8
+
+
+def block_x_for(m: int) -> int:
+    """The fewest x rows a config for ``m`` rows holds: ``m`` up to an n8 tile, then whole n8 tiles."""
+    return m if m <= X_TILE_ROWS else -(-m // X_TILE_ROWS) * X_TILE_ROWS
+
+
+def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None:
+    """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits ``arch``."""
+    example.check_config(config, n, k, (SkinnyConfig,))
+    problems = []
+    if config.block_x > X_TILE_ROWS and (config.block_x % X_TILE_ROWS or config.block_x > MAX_BLOCK_X):
+        problems.append(f"block_x must be 1-{X_TILE_ROWS} or a multiple of {X_TILE_ROWS} up to {MAX_BLOCK_X}")
+    if config.registers() < MIN_REGISTERS:
+        problems.append(f"ctas_per_sm={config.ctas_per_sm} leaves {config.registers()} registers per thread, fewer than {MIN_REGISTERS}")
+    smem = config.shared_bytes(k)
+    if smem > SMEM_PER_CTA[arch] or config.ctas_per_sm * (smem + CTA_RESERVED_SMEM) > SMEM_PER_SM[arch]:
+        problems.append(f"{config.ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit an {arch} SM")
+    if problems:
+        raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The kernel
+# ----------------------------------------------------------------------------------------------
+
+# The warp's loop, in CUDA: the loads must stay in registers ``depth`` blocks ahead of their use, an
+# unrolled ring that TileLang's buffers would put in local memory. ``ld.global.nc.L1::no_allocate``:
+# each byte of a weight is read once, so it should not evict x's lines from L1.
+SKINNY_SOURCE = example.DEVICE_SOURCE + r"""
+__device__ __forceinline__ uint4 nvfp4_skinny_ldg16(const int* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 nvfp4_skinny_ldg8(const int* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void nvfp4_skinny_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One k32 block: dequantize each weight block's lane slice (words j: rows 8j + g) and multiply.
+// m16 tile p takes words 2p (rows g) and 2p + 1 (rows g + 8); register 2s + h of a word holds
+// k = 16s + 8h + 2t, +1: the A fragment {a0, a1, a2, a3} of step s is (2p, 2s), (2p + 1, 2s),
+// (2p, 2s + 1), (2p + 1, 2s + 1). x's B fragment of step s is (xv.x, xv.y) or (xv.z, xv.w).
+template <int R, int XT>
+__device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const uint2 (&sw)[R], const uint4 (&xv)[XT], float* acc) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    unsigned b[16];
+    nvfp4_dequant_block(&cw[r], &sw[r], b);
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+      for (int j = 0; j < XT; ++j)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+          nvfp4_skinny_mma(acc + ((r * 2 + p) * XT + j) * 4, b[8 * p + 2 * s], b[8 * p + 4 + 2 * s], b[8 * p + 2 * s + 1],
+                           b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
+  }
+}
+// A warp's `count` k32 blocks (a multiple of D) of R weight blocks, `block_stride` words apart.
+// x_frag: the warp's first k32 block of x (BX rows, 64 bytes each per block); zeros: 16 zero bytes.
+template <int R, int D, int BX, int XT>
+__device__ __forceinline__ void nvfp4_skinny_warp(const int* codes, const int* scales, const void* x_frag, const void* zeros,
+                                                  float* acc, int count, int block_stride, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const char* xp[XT];
+  int x_step[XT];
+#pragma unroll
+  for (int j = 0; j < XT; ++j) {
+    const bool row = 8 * j + g < BX;
+    xp[j] = row ? reinterpret_cast<const char*>(x_frag) + ((8 * j + g) * 4 + t) * 16 : reinterpret_cast<const char*>(zeros);
+    x_step[j] = row ? BX * 64 : 0;
+  }
+  const int* cp = codes + lane * 4;
+  const int* sp = scales + g * 2;
+  const int scale_stride = block_stride / 8;  // 16 scale words per block against 128 code words
+  uint4 cw[D][R];
+  uint2 sw[D][R];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      cw[d][r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
+      sw[d][r] = nvfp4_skinny_ldg8(sp + r * scale_stride + d * 16);
+    }
+  // Every block but the last D: use the ring slot, then refill it D blocks ahead.
+  for (int i0 = D; i0 < count; i0 += D) {
+    cp += D * 128;
+    sp += D * 16;
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      uint4 xv[XT];
+#pragma unroll
+      for (int j = 0; j < XT; ++j) {
+        xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
+        xp[j] += x_step[j];
+      }
+      nvfp4_skinny_block<R, XT>(cw[d], sw[d], xv, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        cw[d][r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
+        sw[d][r] = nvfp4_skinny_ldg8(sp + r * scale_stride + d * 16);
+      }
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < D; ++d) {
+    uint4 xv[XT];
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
+      xp[j] += x_step[j];
+    }
+    nvfp4_skinny_block<R, XT>(cw[d], sw[d], xv, acc);
+  }
+}
+"""
+
+
+def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
+    """Grid: (N / (32 rows_per_warp), split_k), ``warps`` warps per CTA. Accumulator
+    ``q = ((r * 2 + p) * x_tiles + j) * 4 + c`` of lane (g, t) holds weight row
+    ``32 (block r) + 16 p + g + 8 (c // 2)`` and x row ``8 j + 2 t + c % 2`` (the m16n8 C fragment
+    with the weights as rows)."""
+    import tilelang.language as T
+
+    bx, rpw, split_k, warps, depth = config.block_x, config.rows_per_warp, config.split_k, config.warps, config.depth
+    x_tiles, acc_size = config.x_tiles, config.accumulators
+    cta_k_blocks = k // example.FRAG_K // split_k
+    warp_k_blocks = cta_k_blocks // warps
+    block_stride = k // example.FRAG_K * example.WORDS_PER_BLOCK
+    x_elements = cta_k_blocks * bx * 32  # [k32 block][x row][t][register][half]
+    exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32)
+    M = T.dynamic("m")
+    ops = example.operands(n, k, M)
+
+    def weight_row(bn, q, lane):
+        return (bn * rpw + q // (8 * x_tiles)) * example.FRAG_N + q // (4 * x_tiles) % 2 * 16 + lane // 4 + q % 4 // 2 * 8
+
+    def x_row(q, lane):
+        return q // 4 % x_tiles * X_TILE_ROWS + lane % 4 * 2 + q % 2
+
+    @T.macro
+    def store(acc, y, alpha_x128, bn, lane, m):
+        for q in T.unroll(acc_size):
+            if x_row(q, lane) < m:
+                y[x_row(q, lane), weight_row(bn, q, lane)] = T.cast(acc[q] * alpha_x128[weight_row(bn, q, lane)], T.bfloat16)
+
+    @T.prim_func
+    def nvfp4_w4a16_skinny(
+        x: ops.x,
+        codes: ops.codes,
+        scales: ops.scales,
+        alpha_x128: ops.alpha_x128,
+        y: ops.y,
+        partials: ops.partials,
+        tickets: ops.tickets,
+    ):
+        with T.Kernel(n // (example.FRAG_N * rpw), split_k, threads=32 * warps) as (bn, bk):
+            T.import_source(SKINNY_SOURCE)
+            T.annotate_min_blocks_per_sm(config.ctas_per_sm)
+            x_frag = T.alloc_shared((x_elements + ZERO_SLOT_BYTES // 2,), T.bfloat16)
+            handoff = T.alloc_shared((max(warps - 1, 1), acc_size, 32), T.float32)
+            ticket = T.alloc_shared((1,), T.int32)
+            acc = T.alloc_local((acc_size,), T.float32)
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            for i in T.serial(T.ceildiv(x_elements, 32 * warps)):
+                e = i * 32 * warps + tx
+                if e < x_elements:
+                    row = e // 32 % bx
+                    col = (bk * cta_k_blocks + e // (32 * bx)) * example.FRAG_K + e // 2 % 4 * 8 + e // 8 % 4 * 2 + e % 2
+                    if row < M:
+                        x_frag[e] = x[row, col]
+                    else:
+                        x_frag[e] = T.bfloat16(0)
+            if tx < ZERO_SLOT_BYTES // 2:
+                x_frag[x_elements + tx] = T.bfloat16(0)
+            for q in T.unroll(acc_size):
+                acc[q] = 0.0
+            T.sync_threads()
+            k_block = bk * cta_k_blocks + warp * warp_k_blocks
+            T.call_extern(
+                "handle",
+                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}>",
+                T.address_of(codes[bn * rpw, k_block, 0]),
+                T.address_of(scales[bn * rpw, k_block, 0]),
+                T.address_of(x_frag[warp * warp_k_blocks * bx * 32]),
+                T.address_of(x_frag[x_elements]),
+                T.address_of(acc[0]),
+                warp_k_blocks,
+                block_stride,
+                lane,
+            )
+            if warps > 1:
+                # Warp order, lane-fastest: each warp's stores and warp 0's loads hit 32 banks.
+                if warp > 0:
+                    for q in T.unroll(acc_size):
+                        handoff[warp - 1, q, lane] = acc[q]
+                T.sync_threads()
+                if warp == 0:
+                    for w, q in T.grid(warps - 1, acc_size):
+                        acc[q] += handoff[w, q, lane]
+            if split_k == 1:
+                if warp == 0:
+                    store(acc, y, alpha_x128, bn, lane, M)
+            else:
+                exchange(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, warp == 0)
+                if ticket[0] == split_k - 1 and warp == 0:
+                    store(acc, y, alpha_x128, bn, lane, M)
+
+    return nvfp4_w4a16_skinny
+
+
+def compile_skinny(n: int, k: int, config: SkinnyConfig, arch: str):
+    """Lower and compile for ``arch`` (sm_90 compiles as sm_90a, like the other kernels there); needs
+    nvcc, not a GPU."""
+    import tilelang
+
+    check_skinny_config(config, n, k, arch)
+    target_arch = "sm_90a" if arch == "sm_90" else arch
+    return tilelang.compile(build_skinny_kernel(n, k, config), target={"kind": "cuda", "arch": target_arch}, pass_configs=example.PASS_CONFIGS)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. The launcher
+# ----------------------------------------------------------------------------------------------
+
+_KERNELS: dict = {}
+
+
+def launch_skinny(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: SkinnyConfig, out: torch.Tensor) -> None:
+    """One launch on checked inputs (at most ``config.block_x`` rows)."""
+    if x.shape[0] > config.block_x:
+        raise ValueError(f"config {config}: block_x={config.block_x} holds fewer rows than x's {x.shape[0]}")
+    key = (w.n, w.k, config, w.device.index)
+    kernel = _KERNELS.get(key)
+    if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
+        kernel = _KERNELS[key] = compile_skinny(w.n, w.k, config, example.device_arch(w.device))
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles)
+    kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

@@ -1,0 +1,145 @@
+"""Tests for maint/gemm/gemm_sm120/sm120_nvfp4_w4a16_skinny.py, the kernel for M <= 32 that streams the
+weights into registers as the MMA's A operand: its config checks, its tuner candidates, compiling for
+sm_90 and sm_120, and (on a GPU) results against the FP32 reference (DESIGN.md section 8), splits,
+CUDA-graph replays and the rows it refuses."""
+
+import pathlib
+import re
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
+
+import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
+import tune_sm120_nvfp4_w4a16_gemm as tune  # noqa: E402
+
+skinny = sk.skinny
+nv = sk.example
+S = skinny.SkinnyConfig
+ARCH = None
+if torch.cuda.is_available():
+    ARCH = nv.device_arch(torch.device("cuda"))
+RUNS_HERE = ARCH in ("sm_90", "sm_120")
+needs_gpu = pytest.mark.skipif(not RUNS_HERE, reason="needs an sm_90 or sm_120 GPU")
+DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (34816, 5120), (5120, 17408), (5120, 6144)]
+
+
+# ---------------------------------------------------------------- CPU: configs and candidates
+
+
+@pytest.mark.parametrize(
+    "config, arch, match",
+    [
+        (S(12), "sm_90", "block_x must be 1-8 or a multiple of 8"),
+        (S(40), "sm_90", "block_x must be 1-8 or a multiple of 8 up to 32"),
+        (S(1, ctas_per_sm=9), "sm_90", "registers per thread"),
+        (S(8, 1, 1, 4, 4, 5), "sm_90", "shared memory"),  # 160 k32 blocks x 8 rows x 64 bytes, five times
+        (S(8, 1, 2, 4, 2, 4), "sm_120", "shared memory"),  # fits an H200 SM, not sm_120's 100 KB
+        (S(1, 1, 2, 4, 3, 5), "sm_90", "divide K"),  # 20 k32 blocks per warp are not whole rings of 3
+        (S(1, 3), "sm_90", "divide N"),
+        (S(0), "sm_90", "positive int"),
+    ],
+)
+def test_bad_configs(config, arch, match):
+    with pytest.raises(ValueError, match=match):
+        skinny.check_skinny_config(config, 34816, 5120, arch)
+
+
+def test_check_any_config_routes_skinny_configs():
+    sk.check_any_config(S(1, 1, 2, 4, 4, 5), 34816, 5120, "sm_120")
+    with pytest.raises(ValueError, match="block_x"):
+        sk.check_any_config(S(9), 34816, 5120, "sm_90")
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16, 17, 32])
+def test_block_x_holds_m_in_whole_tiles(m):
+    bx = skinny.block_x_for(m)
+    assert bx >= m and (bx <= skinny.X_TILE_ROWS or bx % skinny.X_TILE_ROWS == 0)
+    assert S(bx).x_tiles * skinny.X_TILE_ROWS >= m
+
+
+@pytest.mark.parametrize("n, k", DEFAULT_SHAPES)
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 32])
+def test_tuner_offers_skinny_configs_that_fit(n, k, m):
+    offered = [c for c in tune.candidates(m, n, k, "sm_90") if isinstance(c, S)]
+    assert offered, f"no skinny candidate fits {n}x{k} at M={m}"
+    for c in offered:
+        assert c.block_x == skinny.block_x_for(m)
+        skinny.check_skinny_config(c, n, k, "sm_90")
+    assert all(c.block_x == skinny.block_x_for(m) for c in tune.candidates(m, n, k, "sm_120") if isinstance(c, S))
+    assert not any(isinstance(c, S) for c in tune.candidates(skinny.MAX_BLOCK_X + 1, n, k, "sm_90"))
+
+
+def test_tuner_kinds_keep_the_incumbent(monkeypatch):
+    incumbent = nv.FragConfig(16, 128, 256, 1, 3, 1)
+    monkeypatch.setattr(sk, "config_for", lambda m, n, k, device: incumbent)
+    raced = tune.race_entrants(1, 16384, 5120, "sm_90", {"SkinnyConfig"})
+    assert raced[0] == incumbent and len(raced) > 1
+    assert all(isinstance(c, S) for c in raced[1:])
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+@pytest.mark.parametrize("config", [S(1, 1, 2, 4, 4, 5), S(5, 2, 4, 4, 2, 3), S(16, 1, 4, 4, 2, 3), S(32, 1, 4, 4, 2, 2)])
+def test_compiles(arch, config):
+    if arch == "sm_120" and config.ctas_per_sm * (config.shared_bytes(5120) + skinny.CTA_RESERVED_SMEM) > skinny.SMEM_PER_SM[arch]:
+        config = config._replace(ctas_per_sm=1)
+    source = skinny.compile_skinny(16384, 5120, config, arch).get_kernel_source()
+    call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+)>", source)
+    assert call and tuple(map(int, call.groups())) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
+    assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
+
+
+# ---------------------------------------------------------------- GPU: results
+
+
+def assert_ok(result):
+    assert result["ok"], result
+
+
+# (m, n, k, config): rows below block_x, whole and partial n8 tiles, splits 1-8, two weight blocks
+# per warp, and K = 17408 (544 k32 blocks).
+REFERENCE_CASES = [
+    (1, 34816, 5120, S(1, 1, 2, 4, 4, 5)),
+    (1, 16384, 5120, S(1, 2, 2, 4, 4, 3)),
+    (3, 5120, 6144, S(4, 1, 1, 4, 4, 4)),
+    (8, 5120, 17408, S(8, 1, 4, 4, 2, 3)),
+    (5, 5120, 6144, S(8, 2, 2, 4, 2, 3)),
+    (13, 14336, 5120, S(16, 1, 4, 4, 2, 4)),
+    (32, 5120, 6144, S(32, 1, 8, 4, 2, 2)),
+    (17, 5120, 17408, S(24, 1, 8, 4, 1, 1)),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled_skinny_kernels():
+    """Compile the GPU tests' kernels in parallel processes first; correctness does not depend on it."""
+    if RUNS_HERE:
+        nv.precompile({(n, k, c) for _, n, k, c in REFERENCE_CASES}, ARCH, sk.compile_any)
+
+
+@needs_gpu
+@pytest.mark.parametrize("m, n, k, config", REFERENCE_CASES)
+def test_matches_reference(m, n, k, config):
+    assert_ok(nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear))
+
+
+@needs_gpu
+def test_graph_replays_match_eager():
+    n, k, config = 5120, 6144, S(8, 1, 2, 4, 2, 3)
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    x = torch.randn(6, k, device="cuda", dtype=torch.bfloat16)
+    assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
+
+
+@needs_gpu
+def test_refuses_more_rows_than_block_x():
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(5120, 6144, "cuda"))
+    x = torch.randn(5, 6144, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros(5, 5120, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block_x=4"):
+        sk.nvfp4_w4a16_linear(x, w, S(4, 1, 2, 4, 4, 4), out=out)
+    assert not out.any(), "a refused call must not write"
