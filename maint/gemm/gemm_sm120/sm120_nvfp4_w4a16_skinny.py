@@ -50,7 +50,8 @@ MIN_REGISTERS = 64  # below this ptxas spills the dequant's 16 registers next to
 SMEM_PER_CTA = {"sm_90": 227 * 1024, "sm_120": example.SM120_SMEM_PER_CTA}
 SMEM_PER_SM = {"sm_90": 228 * 1024, "sm_120": example.SM120_SMEM_PER_SM}
 CTA_RESERVED_SMEM = 1024  # what the driver keeps per CTA
-ZERO_SLOT_BYTES = 16  # what lanes without an x row read
+ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
+ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligned) one
 
 
 @example.config_type
@@ -141,6 +142,21 @@ __device__ __forceinline__ void nvfp4_skinny_mma(float* d, unsigned a0, unsigned
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// x into fragment order: 8 consecutive k of one row (k = 8r + 2t + half of a k32 block) are
+// register r of lanes t = 0..3, 16 bytes apart. Rows past M are zeros.
+// Offsets count BF16 elements. They travel apart from the bases: inside an address_of, TileLang's
+// pointer-type pass (VectorTypeAccessChecker) failed on indices past 64K elements ("can't fetch
+// the lanes of a scalable vector"; 160 KB of x at 16 rows, K = 5120, split 1, and the codes of
+// two-warp CTAs at K = 17408).
+__device__ __forceinline__ void nvfp4_skinny_stage_x(const void* x, int src, void* x_frag, int dst, bool row_exists) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (row_exists) v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(x) + src);
+  unsigned* d = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned short*>(x_frag) + dst);
+  d[0] = v.x;
+  d[4] = v.y;
+  d[8] = v.z;
+  d[12] = v.w;
+}
 // One k32 block: dequantize each weight block's lane slice (words j: rows 8j + g) and multiply.
 // m16 tile p takes words 2p (rows g) and 2p + 1 (rows g + 8); register 2s + h of a word holds
 // k = 16s + 8h + 2t, +1: the A fragment {a0, a1, a2, a3} of step s is (2p, 2s), (2p + 1, 2s),
@@ -161,11 +177,19 @@ __device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const u
                            b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
   }
 }
-// A warp's `count` k32 blocks (a multiple of D) of R weight blocks, `block_stride` words apart.
-// x_frag: the warp's first k32 block of x (BX rows, 64 bytes each per block); zeros: 16 zero bytes.
+// A warp's `count` k32 blocks (a multiple of D) of R weight blocks, `block_stride` words apart,
+// from `block_offset` code words into the weight.
+// x_frag (x_offset BF16 values into the CTA's buffer): the warp's first k32 block of x (BX rows, 64
+// bytes each per block); zeros (zeros_offset): 16 zero bytes. Bases and offsets travel apart, as
+// in nvfp4_skinny_stage_x.
 template <int R, int D, int BX, int XT>
-__device__ __forceinline__ void nvfp4_skinny_warp(const int* codes, const int* scales, const void* x_frag, const void* zeros,
-                                                  float* acc, int count, int block_stride, int lane) {
+__device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x_frag_base,
+                                                  int x_offset, int zeros_offset, float* acc, int count, int block_stride, int lane) {
+  const int* codes = code_base + block_offset;  // block_offset counts code words; scales have 1/8 as many
+  const int* scales = scale_base + block_offset / 8;
+  const unsigned short* x_base = reinterpret_cast<const unsigned short*>(x_frag_base);
+  const void* x_frag = x_base + x_offset;
+  const void* zeros = x_base + zeros_offset;
   const int g = lane >> 2, t = lane & 3;
   const char* xp[XT];
   int x_step[XT];
@@ -232,8 +256,10 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     x_tiles, acc_size = config.x_tiles, config.accumulators
     cta_k_blocks = k // example.FRAG_K // split_k
     warp_k_blocks = cta_k_blocks // warps
-    block_stride = k // example.FRAG_K * example.WORDS_PER_BLOCK
+    k_blocks = k // example.FRAG_K
+    block_stride = k_blocks * example.WORDS_PER_BLOCK
     x_elements = cta_k_blocks * bx * 32  # [k32 block][x row][t][register][half]
+    x_chunks = x_elements // 8
     exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
@@ -270,17 +296,23 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            for i in T.serial(T.ceildiv(x_elements, 32 * warps)):
-                e = i * 32 * warps + tx
-                if e < x_elements:
-                    row = e // 32 % bx
-                    col = (bk * cta_k_blocks + e // (32 * bx)) * example.FRAG_K + e // 2 % 4 * 8 + e // 8 % 4 * 2 + e % 2
-                    if row < M:
-                        x_frag[e] = x[row, col]
-                    else:
-                        x_frag[e] = T.bfloat16(0)
+            # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c.
+            for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
+                c = i * 32 * warps + tx
+                if c < x_chunks:
+                    row = c // 4 % bx
+                    col = (bk * cta_k_blocks + c // (4 * bx)) * example.FRAG_K + c % 4 * 8
+                    T.call_extern(
+                        "handle",
+                        "nvfp4_skinny_stage_x",
+                        T.address_of(x[0, 0]),
+                        T.min(row, M - 1) * k + col,
+                        T.address_of(x_frag[0]),
+                        ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
+                        row < M,
+                    )
             if tx < ZERO_SLOT_BYTES // 2:
-                x_frag[x_elements + tx] = T.bfloat16(0)
+                x_frag[tx] = T.bfloat16(0)
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             T.sync_threads()
@@ -288,10 +320,12 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             T.call_extern(
                 "handle",
                 f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}>",
-                T.address_of(codes[bn * rpw, k_block, 0]),
-                T.address_of(scales[bn * rpw, k_block, 0]),
-                T.address_of(x_frag[warp * warp_k_blocks * bx * 32]),
-                T.address_of(x_frag[x_elements]),
+                T.address_of(codes[0, 0, 0]),
+                T.address_of(scales[0, 0, 0]),
+                (bn * rpw * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+                T.address_of(x_frag[0]),
+                ZERO_SLOT + warp * warp_k_blocks * bx * 32,
+                0,
                 T.address_of(acc[0]),
                 warp_k_blocks,
                 block_stride,

@@ -158,15 +158,15 @@ SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 
 
-# The skinny kernel (M <= 32): (rows_per_warp, depth, ctas_per_sm) with four warps per CTA, over
-# SKINNY_SPLITS. From the H200 probe of 2026-12-01 (34816x5120 M = 1; NOTES, twenty-fifth session):
-# these three ran 27.7-28.4 us; with fewer bytes in flight per SM (depth 2 at 16 or fewer warps)
-# 31.1, with 8 warps per CTA (two CTAs per SM) 36.8. Wider x blocks hold more accumulators, so they
-# take one CTA per SM less.
-SKINNY_SHAPES = ((1, 4, 5), (1, 2, 6), (2, 4, 3))
-SKINNY_WIDE_SHAPES = ((1, 4, 4), (1, 2, 5), (2, 2, 3))
+# The skinny kernel (M <= 32): (rows_per_warp, warps, depth, ctas_per_sm), over SKINNY_SPLITS. From
+# the H200 probe of 2026-12-01 (34816x5120 M = 1; NOTES, twenty-fifth session): the first three ran
+# 27.7-28.4 us with four warps per CTA; with fewer bytes in flight per SM (depth 2 at 16 or fewer
+# warps) 31.1, with 8 warps per CTA (two CTAs per SM) 36.8. Two-warp CTAs, nine per SM, hold all
+# 1088 CTAs of 34816x5120 at once (27.7 us at split 4). Wider x blocks hold more accumulators, so
+# they take one CTA per SM less.
+SKINNY_SHAPES = ((1, 4, 4, 5), (1, 4, 2, 6), (2, 4, 4, 3), (1, 2, 4, 9))
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4), (1, 4, 2, 5), (2, 4, 2, 3), (1, 2, 4, 8))
 SKINNY_SPLITS = (1, 2, 4, 8)
-SKINNY_WARPS = 4
 
 
 def skinny_candidates(m: int, k: int, arch: str) -> list:
@@ -176,11 +176,11 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
-    for rows, depth, ctas in shapes:
+    for rows, warps, depth, ctas in shapes:
         for split in SKINNY_SPLITS:
-            warp_blocks = k // nv.FRAG_K // split // SKINNY_WARPS
+            warp_blocks = k // nv.FRAG_K // split // warps
             ring = max([d for d in range(1, depth + 1) if warp_blocks % d == 0] or [1])
-            config = skinny.SkinnyConfig(block_x, rows, split, SKINNY_WARPS, ring, ctas)
+            config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas)
             held = skinny.SMEM_PER_SM[arch] // (config.shared_bytes(k) + skinny.CTA_RESERVED_SMEM)
             out.append(config._replace(ctas_per_sm=max(1, min(ctas, held))))
     return out
