@@ -177,6 +177,28 @@ __device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const u
                            b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
   }
 }
+// One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks.
+template <int R>
+__device__ __forceinline__ void nvfp4_skinny_load(uint4 (&cw)[R], uint2 (&sw)[R], const int* cp, const int* sp, int block_stride,
+                                                  int scale_stride) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
+    sw[r] = nvfp4_skinny_ldg8(sp + r * scale_stride);
+  }
+}
+// One k32 block from a ring slot, with the next x fragments (advancing the x pointers).
+template <int R, int XT>
+__device__ __forceinline__ void nvfp4_skinny_step(const uint4 (&cw)[R], const uint2 (&sw)[R], const char* (&xp)[XT], const int (&x_step)[XT],
+                                                  float* acc) {
+  uint4 xv[XT];
+#pragma unroll
+  for (int j = 0; j < XT; ++j) {
+    xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
+    xp[j] += x_step[j];
+  }
+  nvfp4_skinny_block<R, XT>(cw, sw, xv, acc);
+}
 // A warp's `count` k32 blocks (a multiple of D) of R weight blocks, `block_stride` words apart,
 // from `block_offset` code words into the weight.
 // x_frag (x_offset BF16 values into the CTA's buffer): the warp's first k32 block of x (BX rows, 64
@@ -205,42 +227,19 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
   uint4 cw[D][R];
   uint2 sw[D][R];
 #pragma unroll
-  for (int d = 0; d < D; ++d)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      cw[d][r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
-      sw[d][r] = nvfp4_skinny_ldg8(sp + r * scale_stride + d * 16);
-    }
+  for (int d = 0; d < D; ++d) nvfp4_skinny_load<R>(cw[d], sw[d], cp + d * 128, sp + d * 16, block_stride, scale_stride);
   // Every block but the last D: use the ring slot, then refill it D blocks ahead.
   for (int i0 = D; i0 < count; i0 += D) {
     cp += D * 128;
     sp += D * 16;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      uint4 xv[XT];
-#pragma unroll
-      for (int j = 0; j < XT; ++j) {
-        xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
-        xp[j] += x_step[j];
-      }
-      nvfp4_skinny_block<R, XT>(cw[d], sw[d], xv, acc);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        cw[d][r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
-        sw[d][r] = nvfp4_skinny_ldg8(sp + r * scale_stride + d * 16);
-      }
+      nvfp4_skinny_step<R, XT>(cw[d], sw[d], xp, x_step, acc);
+      nvfp4_skinny_load<R>(cw[d], sw[d], cp + d * 128, sp + d * 16, block_stride, scale_stride);
     }
   }
 #pragma unroll
-  for (int d = 0; d < D; ++d) {
-    uint4 xv[XT];
-#pragma unroll
-    for (int j = 0; j < XT; ++j) {
-      xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
-      xp[j] += x_step[j];
-    }
-    nvfp4_skinny_block<R, XT>(cw[d], sw[d], xv, acc);
-  }
+  for (int d = 0; d < D; ++d) nvfp4_skinny_step<R, XT>(cw[d], sw[d], xp, x_step, acc);
 }
 """
 
