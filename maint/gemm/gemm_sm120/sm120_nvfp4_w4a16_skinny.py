@@ -36,8 +36,10 @@ import torch
 
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE.parents[2] / "examples" / "gemm_sm120"))
+sys.path.insert(0, str(_HERE.parents[0] / "gemm_sm90"))
 
 import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
+import sm90_nvfp4_w4a16_wgmma as hopper  # noqa: E402  (the H200's register and shared-memory limits)
 
 # ----------------------------------------------------------------------------------------------
 # 1. The config
@@ -45,11 +47,9 @@ import sm120_nvfp4_w4a16_gemm as example  # noqa: E402
 
 X_TILE_ROWS = 8  # an n8 MMA tile of x rows
 MAX_BLOCK_X = 32  # four n8 tiles: past that the MMAs per code word outgrow the dequant
-REGISTERS_PER_SM = 64 * 1024
 MIN_REGISTERS = 64  # below this ptxas spills the dequant's 16 registers next to the loads in flight
-SMEM_PER_CTA = {"sm_90": 227 * 1024, "sm_120": example.SM120_SMEM_PER_CTA}
-SMEM_PER_SM = {"sm_90": 228 * 1024, "sm_120": example.SM120_SMEM_PER_SM}
-CTA_RESERVED_SMEM = 1024  # what the driver keeps per CTA
+SMEM_PER_CTA = {"sm_90": hopper.SM90_SMEM_PER_CTA, "sm_120": example.SM120_SMEM_PER_CTA}
+SMEM_PER_SM = {"sm_90": hopper.SM90_SMEM_PER_SM, "sm_120": example.SM120_SMEM_PER_SM}
 ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
 ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligned) one
 
@@ -97,7 +97,11 @@ class SkinnyConfig(NamedTuple):
 
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
-        return REGISTERS_PER_SM // (self.ctas_per_sm * self.warps * 32) // 8 * 8
+        return hopper.SM_REGISTERS // (self.ctas_per_sm * self.warps * 32) // hopper.REGISTER_STEP * hopper.REGISTER_STEP
+
+    def ctas_held(self, k: int, arch: str) -> int:
+        """CTAs of this config that one ``arch`` SM's shared memory holds at this K."""
+        return SMEM_PER_SM[arch] // (self.shared_bytes(k) + hopper.CTA_RESERVED_SMEM)
 
 
 def block_x_for(m: int) -> int:
@@ -114,7 +118,7 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
     if config.registers() < MIN_REGISTERS:
         problems.append(f"ctas_per_sm={config.ctas_per_sm} leaves {config.registers()} registers per thread, fewer than {MIN_REGISTERS}")
     smem = config.shared_bytes(k)
-    if smem > SMEM_PER_CTA[arch] or config.ctas_per_sm * (smem + CTA_RESERVED_SMEM) > SMEM_PER_SM[arch]:
+    if smem > SMEM_PER_CTA[arch] or config.ctas_per_sm > config.ctas_held(k, arch):
         problems.append(f"{config.ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit an {arch} SM")
     if problems:
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))

@@ -181,8 +181,7 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
             warp_blocks = k // nv.FRAG_K // split // warps
             ring = max([d for d in range(1, depth + 1) if warp_blocks % d == 0] or [1])
             config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas)
-            held = skinny.SMEM_PER_SM[arch] // (config.shared_bytes(k) + skinny.CTA_RESERVED_SMEM)
-            out.append(config._replace(ctas_per_sm=max(1, min(ctas, held))))
+            out.append(config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch)))))
     return out
 
 

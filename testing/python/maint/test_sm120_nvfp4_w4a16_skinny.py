@@ -84,7 +84,7 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize("config", [S(1, 1, 2, 4, 4, 5), S(5, 2, 4, 4, 2, 3), S(16, 1, 4, 4, 2, 3), S(32, 1, 4, 4, 2, 2)])
 def test_compiles(arch, config):
-    if arch == "sm_120" and config.ctas_per_sm * (config.shared_bytes(5120) + skinny.CTA_RESERVED_SMEM) > skinny.SMEM_PER_SM[arch]:
+    if arch == "sm_120" and config.ctas_per_sm > config.ctas_held(5120, arch):
         config = config._replace(ctas_per_sm=1)
     source = skinny.compile_skinny(16384, 5120, config, arch).get_kernel_source()
     call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+)>", source)
