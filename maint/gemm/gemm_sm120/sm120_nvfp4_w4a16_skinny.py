@@ -292,7 +292,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         with T.Kernel(n // (example.FRAG_N * rpw), split_k, threads=32 * warps) as (bn, bk):
             T.import_source(SKINNY_SOURCE)
             T.annotate_min_blocks_per_sm(config.ctas_per_sm)
-            x_frag = T.alloc_shared((x_elements + ZERO_SLOT_BYTES // 2,), T.bfloat16)
+            x_frag = T.alloc_shared((x_elements + ZERO_SLOT,), T.bfloat16)
             handoff = T.alloc_shared((max(warps - 1, 1), acc_size, 32), T.float32)
             ticket = T.alloc_shared((1,), T.int32)
             acc = T.alloc_local((acc_size,), T.float32)
@@ -314,7 +314,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                         ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
                         row < M,
                     )
-            if tx < ZERO_SLOT_BYTES // 2:
+            if tx < ZERO_SLOT:
                 x_frag[tx] = T.bfloat16(0)
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
