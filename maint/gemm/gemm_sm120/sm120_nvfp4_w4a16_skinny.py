@@ -14,7 +14,9 @@ kernel's). This kernel takes the shortest path from HBM to the tensor core:
   registers, ``depth`` k32 blocks ahead. No shared-memory stage, no barrier and no proxy fence in
   the loop: each warp runs alone;
 - x (``block_x`` rows of the CTA's K range) sits in shared memory in B-fragment order, one 16-byte
-  load per lane, n8 tile and k32 block; lanes whose rows lie beyond ``block_x`` read 16 zero bytes;
+  load per lane, n8 tile and k32 block; lanes whose rows lie beyond ``block_x`` read 16 zero bytes.
+  Or (``stage_x=False``) each lane loads its x fragments from global memory (L1) into its ring with
+  the weights: no prologue and no x in shared memory, for four 4-byte loads per n8 tile and block;
 - a CTA of ``warps`` warps splits its K range between them and adds their accumulators through
   shared memory; ``split_k`` CTAs per weight-row block meet in the example's deterministic
   ``split_k_exchange``.
@@ -60,7 +62,10 @@ class SkinnyConfig(NamedTuple):
     ``rows_per_warp`` 32-row weight blocks per warp (sharing its x fragments), ``split_k`` CTAs per
     weight-row block, ``warps`` per CTA (each a 1/warps slice of the CTA's K range), ``depth`` k32
     blocks of codes and scales each lane keeps in flight, ``ctas_per_sm`` CTAs ptxas must fit on an
-    SM (``__launch_bounds__``; it caps the registers)."""
+    SM (``__launch_bounds__``; it caps the registers), ``stage_x``: the CTA stages its x rows in
+    shared memory first (else each lane loads its x fragments from global memory into its ring,
+    ``depth`` blocks ahead with the weights: four 4-byte loads per n8 tile and block, no staging and
+    no x in shared memory)."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -68,15 +73,16 @@ class SkinnyConfig(NamedTuple):
     warps: int = 4
     depth: int = 4
     ctas_per_sm: int = 5
+    stage_x: bool = True
 
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
     SHARED_BYTES_PER_CTA = 1 << 30  # the example's check is not this kernel's: see ``shared_bytes``
 
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view, for its checks of the fields, the divisibility and the split:
-        a k tile is every warp's ``depth`` k32 blocks, k-split over the warps."""
+        a k tile is one k32 block per warp, and each warp needs ``depth`` of them (the "stages")."""
         return example.KernelShape(
-            self.block_x, self.rows_per_warp * example.FRAG_N, self.warps * self.depth * example.FRAG_K, 1, 1, 1, self.split_k, self.warps
+            self.block_x, self.rows_per_warp * example.FRAG_N, self.warps * example.FRAG_K, 1, 1, self.depth, self.split_k, self.warps
         )
 
     @property
@@ -89,11 +95,11 @@ class SkinnyConfig(NamedTuple):
         return self.rows_per_warp * 2 * self.x_tiles * 4
 
     def shared_bytes(self, k: int) -> int:
-        """x in fragment order (64 bytes per row and k32 block), the zero slot, the warps' handoff,
-        the exchange's ticket."""
+        """x in fragment order (64 bytes per row and k32 block) if staged, the zero slot, the warps'
+        handoff, the exchange's ticket."""
         k_blocks = k // example.FRAG_K // self.split_k
         handoff = (self.warps - 1) * self.accumulators * 32 * 4
-        return k_blocks * self.block_x * 64 + ZERO_SLOT_BYTES + handoff + 16
+        return (k_blocks * self.block_x * 64 if self.stage_x else 0) + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
@@ -124,6 +130,38 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
+# Without a tuned entry (the dispatch's heuristic, sm_90 only: measured there). What the tuner took
+# on the H200 at M = 1-8 (2026-12-01, five shapes, tuned/sm_90-132sm.json): four warps; one 32-row
+# weight block per warp and x staged at M = 1, two blocks and x from global memory above; the
+# split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM (split 1 at N >= 14336, 4-8 at
+# N = 5120); depth 4; 5 CTAs per SM at one block per warp, 3 at two.
+HEURISTIC_MAX_M = X_TILE_ROWS
+HEURISTIC_MIN_CTAS_PER_SM = 3
+HEURISTIC_WARPS = 4
+HEURISTIC_MAX_DEPTH = 4
+HEURISTIC_MAX_SPLIT = 8
+
+
+def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig | None":
+    """The skinny config for ``m <= HEURISTIC_MAX_M`` rows of an ``n x k`` weight, or None where the
+    shape does not divide into one (the caller falls back to the other kernels)."""
+    if m > HEURISTIC_MAX_M:
+        return None
+    rows = 1 if m == 1 or n % (2 * example.FRAG_N) else 2
+    k_blocks = k // example.FRAG_K
+    split = 1
+    while n // (rows * example.FRAG_N) * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
+        split *= 2
+    depth = min(HEURISTIC_MAX_DEPTH, k_blocks // split // HEURISTIC_WARPS)
+    # x from global memory reads rows by M, not block_x: one kernel serves M = 2-8.
+    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, rows, split, HEURISTIC_WARPS, depth, 5 if rows == 1 else 3, stage_x=m == 1)
+    try:
+        check_skinny_config(config, n, k, "sm_90")
+    except ValueError:
+        return None
+    return config
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. The kernel
 # ----------------------------------------------------------------------------------------------
@@ -146,12 +184,12 @@ __device__ __forceinline__ void nvfp4_skinny_mma(float* d, unsigned a0, unsigned
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-// x into fragment order: 8 consecutive k of one row (k = 8r + 2t + half of a k32 block) are
-// register r of lanes t = 0..3, 16 bytes apart. Rows past M are zeros.
-// Offsets count BF16 elements. They travel apart from the bases: inside an address_of, TileLang's
-// pointer-type pass (VectorTypeAccessChecker) failed on indices past 64K elements ("can't fetch
-// the lanes of a scalable vector"; 160 KB of x at 16 rows, K = 5120, split 1, and the codes of
-// two-warp CTAs at K = 17408).
+// x's B fragment order: register r of lane (g, t) for n8 tile j holds k = 8r + 2t, +1 of a k32
+// block, row 8j + g (the k that register r of the lane's code words holds; see the example's
+// _scatter_codes). Staged in shared memory it is 64 bytes per row and block, lane t's 16 at 16t.
+//
+// The CTA stages x into that order with this, 16 bytes of a row per thread and step (offsets in
+// BF16 elements; rows past M are zeros).
 __device__ __forceinline__ void nvfp4_skinny_stage_x(const void* x, int src, void* x_frag, int dst, bool row_exists) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (row_exists) v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(x) + src);
@@ -161,6 +199,61 @@ __device__ __forceinline__ void nvfp4_skinny_stage_x(const void* x, int src, voi
   d[8] = v.z;
   d[12] = v.w;
 }
+// One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks and,
+// when x comes from global memory (XG), its x fragments of that block.
+template <int R, int XT, bool XG>
+struct nvfp4_skinny_slot {
+  uint4 cw[R];
+  uint2 sw[R];
+  uint4 xv[XG ? XT : 1];
+};
+// Where a lane's x fragments come from. Staged: shared memory, read at use (rows past BX read the
+// 16 zero bytes at `zeros`). XG: global memory, loaded into the ring with the weights (rows past M
+// load nothing and stay zero).
+template <int BX, int XT, bool XG>
+struct nvfp4_skinny_x {
+  const char* p[XT];
+  int step[XT];
+  bool row[XT];
+  __device__ __forceinline__ nvfp4_skinny_x(const char* first, const char* zeros, int row_bytes, int m, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      row[j] = XG ? 8 * j + g < m : 8 * j + g < BX;
+      if (XG) {
+        p[j] = first + (8 * j + g) * row_bytes + 4 * t;
+        step[j] = 64;
+      } else {
+        p[j] = row[j] ? first + ((8 * j + g) * 4 + t) * 16 : zeros;
+        step[j] = row[j] ? BX * 64 : 0;
+      }
+    }
+  }
+  // XG: the next block to load into a slot (blocks are loaded and used in order).
+  __device__ __forceinline__ void load(uint4 (&xv)[XG ? XT : 1]) {
+    if (XG) {
+#pragma unroll
+      for (int j = 0; j < XT; ++j) {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p[j]);
+        xv[j] = make_uint4(0, 0, 0, 0);
+        if (row[j]) xv[j] = make_uint4(__ldg(q), __ldg(q + 4), __ldg(q + 8), __ldg(q + 12));
+        p[j] += step[j];
+      }
+    }
+  }
+  // The next block's fragments to use: the slot's (XG) or shared memory's.
+  __device__ __forceinline__ void fetch(uint4 (&xv)[XT], const uint4 (&slot_xv)[XG ? XT : 1]) {
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      if (XG) {
+        xv[j] = slot_xv[XG ? j : 0];
+      } else {
+        xv[j] = *reinterpret_cast<const uint4*>(p[j]);
+        p[j] += step[j];
+      }
+    }
+  }
+};
 // One k32 block: dequantize each weight block's lane slice (words j: rows 8j + g) and multiply.
 // m16 tile p takes words 2p (rows g) and 2p + 1 (rows g + 8); register 2s + h of a word holds
 // k = 16s + 8h + 2t, +1: the A fragment {a0, a1, a2, a3} of step s is (2p, 2s), (2p + 1, 2s),
@@ -181,71 +274,70 @@ __device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const u
                            b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
   }
 }
-// One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks.
-template <int R>
-__device__ __forceinline__ void nvfp4_skinny_load(uint4 (&cw)[R], uint2 (&sw)[R], const int* cp, const int* sp, int block_stride,
-                                                  int scale_stride) {
+// The R weight blocks' (`block_stride` words apart) block at cp, sp into a ring slot, and x's.
+template <int R, int XT, bool XG, int BX>
+__device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R, XT, XG>& slot, const int* cp, const int* sp, int block_stride,
+                                                  nvfp4_skinny_x<BX, XT, XG>& xs) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
-    sw[r] = nvfp4_skinny_ldg8(sp + r * scale_stride);
+    slot.cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
+    slot.sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8));  // 16 scale words per block against 128 code words
   }
+  xs.load(slot.xv);
 }
-// One k32 block from a ring slot, with the next x fragments (advancing the x pointers).
-template <int R, int XT>
-__device__ __forceinline__ void nvfp4_skinny_step(const uint4 (&cw)[R], const uint2 (&sw)[R], const char* (&xp)[XT], const int (&x_step)[XT],
-                                                  float* acc) {
+// The next block, from its ring slot.
+template <int R, int XT, bool XG, int BX>
+__device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R, XT, XG>& slot, nvfp4_skinny_x<BX, XT, XG>& xs, float* acc) {
   uint4 xv[XT];
-#pragma unroll
-  for (int j = 0; j < XT; ++j) {
-    xv[j] = *reinterpret_cast<const uint4*>(xp[j]);
-    xp[j] += x_step[j];
-  }
-  nvfp4_skinny_block<R, XT>(cw, sw, xv, acc);
+  xs.fetch(xv, slot.xv);
+  nvfp4_skinny_block<R, XT>(slot.cw, slot.sw, xv, acc);
 }
-// A warp's `count` k32 blocks (a multiple of D) of R weight blocks, `block_stride` words apart,
-// from `block_offset` code words into the weight.
-// x_frag (x_offset BF16 values into the CTA's buffer): the warp's first k32 block of x (BX rows, 64
-// bytes each per block); zeros (zeros_offset): 16 zero bytes. Bases and offsets travel apart, as
-// in nvfp4_skinny_stage_x.
-template <int R, int D, int BX, int XT>
-__device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x_frag_base,
-                                                  int x_offset, int zeros_offset, float* acc, int count, int block_stride, int lane) {
-  const int* codes = code_base + block_offset;  // block_offset counts code words; scales have 1/8 as many
-  const int* scales = scale_base + block_offset / 8;
-  const unsigned short* x_base = reinterpret_cast<const unsigned short*>(x_frag_base);
-  const void* x_frag = x_base + x_offset;
-  const void* zeros = x_base + zeros_offset;
-  const int g = lane >> 2, t = lane & 3;
-  const char* xp[XT];
-  int x_step[XT];
+// A CTA's warp: its COUNT k32 blocks (at least D) of R weight blocks, `block_stride` words apart,
+// from `block_offset` code words into the weight, into `acc`.
+// Staged x (not XG): the CTA has staged its x rows into `x_frag` after a 16-byte zero slot; this
+// warp's blocks start `x_block` blocks in. XG: the warp reads x from column x_col + 32 x_block on.
+// Offsets count elements. They travel apart from the bases: inside an address_of, TileLang's
+// pointer-type pass (VectorTypeAccessChecker) failed on indices past 64K elements ("can't fetch
+// the lanes of a scalable vector"; the codes of two-warp CTAs at K = 17408).
+template <int R, int D, int BX, int XT, bool XG, int COUNT>
+__device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
+                                                  int row_stride, int m, const void* x_frag, int x_block, float* acc, int block_stride, int lane) {
+  static_assert(COUNT >= D, "a warp's blocks fill its ring at least once");
+  const int* cp = code_base + block_offset + lane * 4;  // block_offset counts code words; scales have 1/8 as many
+  const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
+  const unsigned short* xg = reinterpret_cast<const unsigned short*>(x) + x_col;
+  const unsigned short* xs_base = reinterpret_cast<const unsigned short*>(x_frag);
+  const char* x_first = XG ? reinterpret_cast<const char*>(xg + x_block * 32) : reinterpret_cast<const char*>(xs_base + ZERO_SLOT + x_block * BX * 32);
+  nvfp4_skinny_x<BX, XT, XG> xs(x_first, reinterpret_cast<const char*>(xs_base), row_stride * 2, m, lane);
+  // The x source's two pointers (XG: loads, staged: uses) advance apart: one copy each.
+  nvfp4_skinny_x<BX, XT, XG> x_use = xs;
+  nvfp4_skinny_slot<R, XT, XG> ring[D];
 #pragma unroll
-  for (int j = 0; j < XT; ++j) {
-    const bool row = 8 * j + g < BX;
-    xp[j] = row ? reinterpret_cast<const char*>(x_frag) + ((8 * j + g) * 4 + t) * 16 : reinterpret_cast<const char*>(zeros);
-    x_step[j] = row ? BX * 64 : 0;
-  }
-  const int* cp = codes + lane * 4;
-  const int* sp = scales + g * 2;
-  const int scale_stride = block_stride / 8;  // 16 scale words per block against 128 code words
-  uint4 cw[D][R];
-  uint2 sw[D][R];
-#pragma unroll
-  for (int d = 0; d < D; ++d) nvfp4_skinny_load<R>(cw[d], sw[d], cp + d * 128, sp + d * 16, block_stride, scale_stride);
-  // Every block but the last D: use the ring slot, then refill it D blocks ahead.
-  for (int i0 = D; i0 < count; i0 += D) {
+  for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
+  // Blocks are used in order; slot d takes every D-th. While whole rings remain: use a slot, then
+  // refill it D blocks ahead.
+  constexpr int TAIL = COUNT % D;
+  for (int i0 = D; i0 + D <= COUNT; i0 += D) {
     cp += D * 128;
     sp += D * 16;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      nvfp4_skinny_step<R, XT>(cw[d], sw[d], xp, x_step, acc);
-      nvfp4_skinny_load<R>(cw[d], sw[d], cp + d * 128, sp + d * 16, block_stride, scale_stride);
+      nvfp4_skinny_use(ring[d], x_use, acc);
+      nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
     }
   }
+  // The last whole ring; the TAIL blocks past it refill its first slots.
+  cp += D * 128;
+  sp += D * 16;
 #pragma unroll
-  for (int d = 0; d < D; ++d) nvfp4_skinny_step<R, XT>(cw[d], sw[d], xp, x_step, acc);
+  for (int d = 0; d < D; ++d) {
+    nvfp4_skinny_use(ring[d], x_use, acc);
+    if (d < TAIL) nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
+  }
+#pragma unroll
+  for (int d = 0; d < TAIL; ++d) nvfp4_skinny_use(ring[d], x_use, acc);
 }
-"""
+""".replace("ZERO_SLOT", str(ZERO_SLOT))
 
 
 def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
@@ -261,7 +353,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     warp_k_blocks = cta_k_blocks // warps
     k_blocks = k // example.FRAG_K
     block_stride = k_blocks * example.WORDS_PER_BLOCK
-    x_elements = cta_k_blocks * bx * 32  # [k32 block][x row][t][register][half]
+    x_elements = cta_k_blocks * bx * 32 if config.stage_x else 0  # [k32 block][x row][t][register][half]
     x_chunks = x_elements // 8
     exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32)
     M = T.dynamic("m")
@@ -299,38 +391,43 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c.
-            for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
-                c = i * 32 * warps + tx
-                if c < x_chunks:
-                    row = c // 4 % bx
-                    col = (bk * cta_k_blocks + c // (4 * bx)) * example.FRAG_K + c % 4 * 8
-                    T.call_extern(
-                        "handle",
-                        "nvfp4_skinny_stage_x",
-                        T.address_of(x[0, 0]),
-                        T.min(row, M - 1) * k + col,
-                        T.address_of(x_frag[0]),
-                        ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
-                        row < M,
-                    )
-            if tx < ZERO_SLOT:
-                x_frag[tx] = T.bfloat16(0)
+            if config.stage_x:
+                # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c.
+                # Staging in the CUDA body instead, four loads per thread in flight at a time and
+                # after the ring's first loads, took 1.06x the kernel's time at M = 1 and 1.09x at
+                # M = 4 (34816x5120; H200, 2026-12-01, results/h200_ab_2026-12-01g_skinny_regression.json).
+                for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
+                    c = i * 32 * warps + tx
+                    if c < x_chunks:
+                        row = c // 4 % bx
+                        col = (bk * cta_k_blocks + c // (4 * bx)) * example.FRAG_K + c % 4 * 8
+                        T.call_extern(
+                            "handle",
+                            "nvfp4_skinny_stage_x",
+                            T.address_of(x[0, 0]),
+                            T.min(row, M - 1) * k + col,
+                            T.address_of(x_frag[0]),
+                            ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
+                            row < M,
+                        )
+                if tx < ZERO_SLOT:
+                    x_frag[tx] = T.bfloat16(0)
+                T.sync_threads()
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
-            T.sync_threads()
-            k_block = bk * cta_k_blocks + warp * warp_k_blocks
             T.call_extern(
                 "handle",
-                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}>",
+                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(not config.stage_x).lower()}, {warp_k_blocks}>",
                 T.address_of(codes[0, 0, 0]),
                 T.address_of(scales[0, 0, 0]),
-                (bn * rpw * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+                (bn * rpw * k_blocks + bk * cta_k_blocks + warp * warp_k_blocks) * example.WORDS_PER_BLOCK,
+                T.address_of(x[0, 0]),
+                bk * cta_k_blocks * example.FRAG_K,
+                k,
+                M,
                 T.address_of(x_frag[0]),
-                ZERO_SLOT + warp * warp_k_blocks * bx * 32,
-                0,
+                warp * warp_k_blocks,
                 T.address_of(acc[0]),
-                warp_k_blocks,
                 block_stride,
                 lane,
             )

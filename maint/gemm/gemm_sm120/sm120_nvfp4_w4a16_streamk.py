@@ -670,7 +670,9 @@ NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
 def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> AnyConfig:
-    """Without a tuned entry: on sm_90 one wave of whole tiles where the weight tiles are few
+    """Without a tuned entry: on sm_90 the skinny kernel up to an n8 tile of rows where the shape
+    divides into one (``skinny.heuristic_config``; derived from the tuned shapes' winners, not yet
+    timed on other shapes), else one wave of whole tiles where the weight tiles are few
     (``hopper.one_wave_config``), two whole waves where that beats stream-K or one warpgroup
     (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
@@ -680,6 +682,9 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     to the example's). Other archs never get wgmma."""
     if arch != "sm_90":
         return get_streamk_config(m, n, k, sm_count=sm_count)
+    few_rows = skinny.heuristic_config(m, n, k, sm_count=sm_count)
+    if few_rows is not None:
+        return few_rows
     one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
     if one_wave is not None:
         return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out

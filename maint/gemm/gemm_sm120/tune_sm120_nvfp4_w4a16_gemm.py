@@ -16,6 +16,7 @@ and M beside copies of it with those fields changed, each checked against the re
 
 import argparse
 import datetime
+import itertools
 import json
 import pathlib
 import sys
@@ -167,21 +168,24 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 SKINNY_SHAPES = ((1, 4, 4, 5), (1, 4, 2, 6), (2, 4, 4, 3), (1, 2, 4, 9))
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4), (1, 4, 2, 5), (2, 4, 2, 3), (1, 2, 4, 8))
 SKINNY_SPLITS = (1, 2, 4, 8)
+# Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
+# range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; x from global
+# memory costs four 4-byte loads per n8 tile and block instead of one 16-byte shared load (the
+# loop's SASS is the same length at one n8 tile: 299 instructions per 16 code words, sm_90a).
+SKINNY_STAGE_X = (True, False)
 
 
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
-    tile, ``SKINNY_WIDE_SHAPES``) at each split, its depth cut to a divisor of each warp's k32
+    tile, ``SKINNY_WIDE_SHAPES``) at each split, x staged or not, its depth cut to each warp's k32
     blocks and its CTAs per SM to what the shared memory holds (``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
-    for rows, warps, depth, ctas in shapes:
-        for split in SKINNY_SPLITS:
-            warp_blocks = k // nv.FRAG_K // split // warps
-            ring = max([d for d in range(1, depth + 1) if warp_blocks % d == 0] or [1])
-            config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas)
-            out.append(config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch)))))
+    for (rows, warps, depth, ctas), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
+        ring = max(1, min(depth, k // nv.FRAG_K // split // warps))
+        config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas, stage_x)
+        out.append(config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch)))))
     return out
 
 

@@ -38,14 +38,23 @@ DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (34816, 5120), (5120, 17408), (5
         (S(1, ctas_per_sm=9), "sm_90", "registers per thread"),
         (S(8, 1, 1, 4, 4, 5), "sm_90", "shared memory"),  # 160 k32 blocks x 8 rows x 64 bytes, five times
         (S(8, 1, 2, 4, 2, 4), "sm_120", "shared memory"),  # fits an H200 SM, not sm_120's 100 KB
-        (S(1, 1, 2, 4, 3, 5), "sm_90", "divide K"),  # 20 k32 blocks per warp are not whole rings of 3
+        (S(1, 1, 3, 4, 3, 5), "sm_90", "divide K"),  # 160 k32 blocks in 3 splits of 4 warps
+        (S(1, 1, 8, 4, 6, 5), "sm_90", "at least `stages`"),  # a ring of 6 over 5 blocks per warp
         (S(1, 3), "sm_90", "divide N"),
         (S(0), "sm_90", "positive int"),
+        (S(1, stage_x=1), "sm_90", "bool field a bool"),
     ],
 )
 def test_bad_configs(config, arch, match):
     with pytest.raises(ValueError, match=match):
         skinny.check_skinny_config(config, 34816, 5120, arch)
+
+
+def test_x_from_global_memory_needs_no_shared_x():
+    staged = S(8, 1, 1, 4, 4, 5)  # too much shared memory (above)
+    unstaged = staged._replace(stage_x=False)
+    skinny.check_skinny_config(unstaged, 34816, 5120, "sm_90")
+    assert staged.shared_bytes(5120) - unstaged.shared_bytes(5120) == 160 * 8 * 64  # k32 blocks x rows x 64 bytes
 
 
 def test_check_any_config_routes_skinny_configs():
@@ -66,11 +75,25 @@ def test_block_x_holds_m_in_whole_tiles(m):
 def test_tuner_offers_skinny_configs_that_fit(n, k, m):
     offered = [c for c in tune.candidates(m, n, k, "sm_90") if isinstance(c, S)]
     assert offered, f"no skinny candidate fits {n}x{k} at M={m}"
-    for c in offered:
-        assert c.block_x == skinny.block_x_for(m)
+    for c in offered:  # the tuner's own at block_x_for(m); the heuristic's (always timed) may hold more rows
+        assert c.block_x == skinny.block_x_for(m) or c == skinny.heuristic_config(m, n, k, sm_count=132)
         skinny.check_skinny_config(c, n, k, "sm_90")
     assert all(c.block_x == skinny.block_x_for(m) for c in tune.candidates(m, n, k, "sm_120") if isinstance(c, S))
     assert not any(isinstance(c, S) for c in tune.candidates(skinny.MAX_BLOCK_X + 1, n, k, "sm_90"))
+
+
+UNTUNED_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (6144, 4096), (640, 2304), (128, 256)]
+
+
+@pytest.mark.parametrize("n, k", DEFAULT_SHAPES + UNTUNED_SHAPES)
+def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
+    for m in range(1, skinny.HEURISTIC_MAX_M + 1):
+        config = skinny.heuristic_config(m, n, k, sm_count=132)
+        assert config is not None and config.block_x >= m, (m, n, k)
+        skinny.check_skinny_config(config, n, k, "sm_90")
+        assert config.stage_x == (m == 1)  # x from global memory serves M = 2-8 with one kernel
+    assert skinny.heuristic_config(skinny.HEURISTIC_MAX_M + 1, n, k, sm_count=132) is None
+    assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(2, skinny.HEURISTIC_MAX_M + 1)}) == 1
 
 
 def test_tuner_kinds_keep_the_incumbent(monkeypatch):
@@ -82,13 +105,19 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-@pytest.mark.parametrize("config", [S(1, 1, 2, 4, 4, 5), S(5, 2, 4, 4, 2, 3), S(16, 1, 4, 4, 2, 3), S(32, 1, 4, 4, 2, 2)])
+@pytest.mark.parametrize(
+    "config", [S(1, 1, 2, 4, 4, 5), S(5, 2, 4, 4, 2, 3), S(16, 1, 4, 4, 2, 3), S(32, 1, 4, 4, 2, 2), S(8, 1, 1, 4, 4, 5, False), S(24, 2, 2, 4, 2, 2, False)]
+)
 def test_compiles(arch, config):
     if arch == "sm_120" and config.ctas_per_sm > config.ctas_held(5120, arch):
         config = config._replace(ctas_per_sm=1)
     source = skinny.compile_skinny(16384, 5120, config, arch).get_kernel_source()
-    call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+)>", source)
-    assert call and tuple(map(int, call.groups())) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
+    call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+), (true|false), (\d+)>", source)
+    assert call, "the warp body's template arguments are missing"
+    rpw, depth, bx, x_tiles, x_from_global, warp_blocks = call.groups()
+    assert tuple(map(int, (rpw, depth, bx, x_tiles))) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
+    assert (x_from_global == "true") == (not config.stage_x)
+    assert int(warp_blocks) == 5120 // 32 // config.split_k // config.warps
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
@@ -111,6 +140,15 @@ REFERENCE_CASES = [
     (13, 14336, 5120, S(16, 1, 4, 4, 2, 4)),
     (32, 5120, 6144, S(32, 1, 8, 4, 2, 2)),
     (17, 5120, 17408, S(24, 1, 8, 4, 1, 1)),
+    # x from global memory: fewer rows than block_x, one to four n8 tiles, splits 1-8.
+    (1, 34816, 5120, S(1, 1, 1, 4, 4, 5, False)),
+    (6, 5120, 17408, S(8, 1, 4, 4, 2, 6, False)),
+    (3, 16384, 5120, S(8, 2, 1, 4, 4, 3, False)),
+    (20, 14336, 5120, S(24, 1, 2, 4, 2, 3, False)),
+    (32, 5120, 6144, S(32, 2, 8, 4, 2, 2, False)),
+    # Rings that do not divide a warp's blocks (43 and 17 per warp: tails of 3 and 1).
+    (1, 4096, 11008, S(1, 1, 2, 4, 4, 5)),
+    (7, 5120, 17408, S(8, 2, 8, 4, 4, 3, False)),
 ]
 
 
@@ -128,8 +166,16 @@ def test_matches_reference(m, n, k, config):
 
 
 @needs_gpu
-def test_graph_replays_match_eager():
-    n, k, config = 5120, 6144, S(8, 1, 2, 4, 2, 3)
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (5, 4096, 11008), (8, 11008, 4096), (3, 6144, 4096)])
+def test_heuristic_configs_match_reference(m, n, k):
+    config = skinny.heuristic_config(m, n, k, sm_count=132)
+    assert_ok(nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear))
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage_x", [True, False])
+def test_graph_replays_match_eager(stage_x):
+    n, k, config = 5120, 6144, S(8, 1, 2, 4, 2, 3, stage_x)
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(6, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
