@@ -50,6 +50,7 @@ import sm90_nvfp4_w4a16_wgmma as hopper  # noqa: E402  (the H200's register and 
 X_TILE_ROWS = 8  # an n8 MMA tile of x rows
 MAX_BLOCK_X = 32  # four n8 tiles: past that the MMAs per code word outgrow the dequant
 MIN_REGISTERS = 64  # below this ptxas spills the dequant's 16 registers next to the loads in flight
+DEQUANT_REGISTERS = 16  # one weight block's dequantized words (nvfp4_dequant_block's output)
 SMEM_PER_CTA = {"sm_90": hopper.SM90_SMEM_PER_CTA, "sm_120": example.SM120_SMEM_PER_CTA}
 SMEM_PER_SM = {"sm_90": hopper.SM90_SMEM_PER_SM, "sm_120": example.SM120_SMEM_PER_SM}
 ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
@@ -104,6 +105,15 @@ class SkinnyConfig(NamedTuple):
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
         return hopper.SM_REGISTERS // (self.ctas_per_sm * self.warps * 32) // hopper.REGISTER_STEP * hopper.REGISTER_STEP
+
+    def registers_needed(self) -> int:
+        """What the loop holds at once per thread: the ring (codes 4 and scales 2 per weight block
+        and slot, and 4 per n8 tile and slot when x comes from global memory), one block's dequantized
+        words and the accumulators. ptxas (sm_90a, 2026-12-01) spilled every config measured where
+        this exceeded ``registers()`` (x from global memory at depth 6-8 and 80-96 registers: 48-244
+        bytes) and none where it did not (depth 8 staged at 80; two blocks per warp at 168)."""
+        x_words = 0 if self.stage_x else self.x_tiles * 4
+        return self.depth * (self.rows_per_warp * 6 + x_words) + DEQUANT_REGISTERS + self.accumulators
 
     def ctas_held(self, k: int, arch: str) -> int:
         """CTAs of this config that one ``arch`` SM's shared memory holds at this K."""

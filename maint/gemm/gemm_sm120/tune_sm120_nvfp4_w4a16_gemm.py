@@ -165,7 +165,9 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # warps) 31.1, with 8 warps per CTA (two CTAs per SM) 36.8. Two-warp CTAs, nine per SM, hold all
 # 1088 CTAs of 34816x5120 at once (27.7 us at split 4). Wider x blocks hold more accumulators, so
 # they take one CTA per SM less.
-SKINNY_SHAPES = ((1, 4, 4, 5), (1, 4, 2, 6), (2, 4, 4, 3), (1, 2, 4, 9))
+# Depth 2 won no cell in the races of 2026-12-01 (M = 1-8, five shapes); depth 8 at six CTAs per SM
+# (80 registers with x staged) keeps twice the bytes in flight and is not yet raced.
+SKINNY_SHAPES = ((1, 4, 4, 5), (1, 4, 8, 6), (2, 4, 4, 3), (1, 2, 4, 9))
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4), (1, 4, 2, 5), (2, 4, 2, 3), (1, 2, 4, 8))
 SKINNY_SPLITS = (1, 2, 4, 8)
 # Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
@@ -178,14 +180,17 @@ SKINNY_STAGE_X = (True, False)
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
     tile, ``SKINNY_WIDE_SHAPES``) at each split, x staged or not, its depth cut to each warp's k32
-    blocks and its CTAs per SM to what the shared memory holds (``candidates`` filters the rest)."""
+    blocks and its CTAs per SM to what the shared memory holds, without those whose loop would
+    spill (``registers_needed``; ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
     for (rows, warps, depth, ctas), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
         ring = max(1, min(depth, k // nv.FRAG_K // split // warps))
         config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas, stage_x)
-        out.append(config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch)))))
+        config = config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch))))
+        if config.registers_needed() <= config.registers():
+            out.append(config)
     return out
 
 

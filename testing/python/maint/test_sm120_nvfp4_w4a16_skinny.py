@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
 
 import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
 import tune_sm120_nvfp4_w4a16_gemm as tune  # noqa: E402
+from ptxas import ptxas_report  # noqa: E402
 
 skinny = sk.skinny
 nv = sk.example
@@ -78,6 +79,7 @@ def test_tuner_offers_skinny_configs_that_fit(n, k, m):
     for c in offered:  # the tuner's own at block_x_for(m); the heuristic's (always timed) may hold more rows
         assert c.block_x == skinny.block_x_for(m) or c == skinny.heuristic_config(m, n, k, sm_count=132)
         skinny.check_skinny_config(c, n, k, "sm_90")
+        assert c.registers_needed() <= c.registers(), c
     assert all(c.block_x == skinny.block_x_for(m) for c in tune.candidates(m, n, k, "sm_120") if isinstance(c, S))
     assert not any(isinstance(c, S) for c in tune.candidates(skinny.MAX_BLOCK_X + 1, n, k, "sm_90"))
 
@@ -94,6 +96,17 @@ def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
         assert config.stage_x == (m == 1)  # x from global memory serves M = 2-8 with one kernel
     assert skinny.heuristic_config(skinny.HEURISTIC_MAX_M + 1, n, k, sm_count=132) is None
     assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(2, skinny.HEURISTIC_MAX_M + 1)}) == 1
+
+
+@pytest.mark.parametrize(
+    "config, spills",
+    [(S(1, 1, 1, 4, 8, 6), False), (S(1, 1, 1, 4, 8, 6, False), True), (S(1, 1, 1, 4, 6, 6, False), True), (S(8, 2, 1, 4, 8, 3, False), False)],
+)
+def test_register_estimate_against_ptxas(config, spills):
+    """``registers_needed`` against what ptxas did with these configs (sm_90a, 34816x5120)."""
+    assert (config.registers_needed() > config.registers()) == spills
+    report = ptxas_report(skinny.compile_skinny(34816, 5120, config, "sm_90").get_kernel_source())
+    assert ("0 bytes spill stores" in report) != spills, report
 
 
 def test_tuner_kinds_keep_the_incumbent(monkeypatch):

@@ -4,9 +4,7 @@ another arch, and (on an sm_90 GPU) results against the FP32 reference (DESIGN.m
 
 import pathlib
 import re
-import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
 
 import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
+from ptxas import ptxas_report  # noqa: E402
 
 wg = sk.hopper
 nv = sk.example
@@ -80,19 +79,6 @@ def test_compiles_for_sm90a(config):
     # 1024 bytes) must start on a 1024-byte boundary of the 1024-aligned dynamic shared memory.
     offset = re.search(r"x_tiles = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
     assert "__align__(1024)" in source and offset and int(offset.group(1)) % 1024 == 0
-
-
-def ptxas_report(source: str) -> str:
-    """What ``ptxas -v`` says about a kernel's CUDA source, compiled for sm_90a."""
-    from tilelang.contrib import nvcc
-
-    with tempfile.TemporaryDirectory() as d:
-        cu, cubin = pathlib.Path(d, "k.cu"), pathlib.Path(d, "k.cubin")
-        cu.write_text(source)
-        cmd = [nvcc.get_nvcc_compiler(), "--cubin", "-O3", f"-arch={wg.WGMMA_ARCH}", *nvcc.default_compile_options(None)]
-        done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(cu)], capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
