@@ -17,7 +17,8 @@ kernel's). This kernel takes the shortest path from HBM to the tensor core:
   load per lane, n8 tile and k32 block; lanes whose rows lie beyond ``block_x`` read 16 zero bytes.
   Or (``stage_x=False``) each lane loads its x fragments from global memory (L1) into its ring with
   the weights: no prologue and no x in shared memory, for four 4-byte loads per n8 tile and block;
-- a CTA of ``warps`` warps splits its K range between them and adds their accumulators through
+- a CTA of ``warps`` warps: ``warps_n`` groups of them take different weight rows (sharing the
+  staged x), and each group's warps split the CTA's K range and add their accumulators through
   shared memory; ``split_k`` CTAs per weight-row block meet in the example's deterministic
   ``split_k_exchange``.
 
@@ -61,7 +62,8 @@ ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligne
 class SkinnyConfig(NamedTuple):
     """``block_x`` rows of x the kernel holds (1-8, or 16, 24 or 32: whole n8 tiles; at least M),
     ``rows_per_warp`` 32-row weight blocks per warp (sharing its x fragments), ``split_k`` CTAs per
-    weight-row block, ``warps`` per CTA (each a 1/warps slice of the CTA's K range), ``depth`` k32
+    weight-row block, ``warps`` per CTA in ``warps_n`` groups along N (each warp of a group a
+    ``warps_n / warps`` slice of the CTA's K range; the groups share the staged x), ``depth`` k32
     blocks of codes and scales each lane keeps in flight, ``ctas_per_sm`` CTAs ptxas must fit on an
     SM (``__launch_bounds__``; it caps the registers), ``stage_x``: the CTA stages its x rows in
     shared memory first (else each lane loads its x fragments from global memory into its ring,
@@ -75,6 +77,7 @@ class SkinnyConfig(NamedTuple):
     depth: int = 4
     ctas_per_sm: int = 5
     stage_x: bool = True
+    warps_n: int = 1
 
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
     SHARED_BYTES_PER_CTA = 1 << 30  # the example's check is not this kernel's: see ``shared_bytes``
@@ -83,8 +86,20 @@ class SkinnyConfig(NamedTuple):
         """The example's shape view, for its checks of the fields, the divisibility and the split:
         a k tile is one k32 block per warp, and each warp needs ``depth`` of them (the "stages")."""
         return example.KernelShape(
-            self.block_x, self.rows_per_warp * example.FRAG_N, self.warps * example.FRAG_K, 1, 1, self.depth, self.split_k, self.warps
+            self.block_x,
+            self.rows_per_warp * self.warps_n * example.FRAG_N,
+            self.warps_k * example.FRAG_K,
+            1,
+            self.warps_n,
+            self.depth,
+            self.split_k,
+            self.warps_k,
         )
+
+    @property
+    def warps_k(self) -> int:
+        """Warps per group, each a slice of the CTA's K range."""
+        return self.warps // self.warps_n
 
     @property
     def x_tiles(self) -> int:
@@ -99,7 +114,7 @@ class SkinnyConfig(NamedTuple):
         """x in fragment order (64 bytes per row and k32 block) if staged, the zero slot, the warps'
         handoff, the exchange's ticket."""
         k_blocks = k // example.FRAG_K // self.split_k
-        handoff = (self.warps - 1) * self.accumulators * 32 * 4
+        handoff = (self.warps - self.warps_n) * self.accumulators * 32 * 4
         return (k_blocks * self.block_x * 64 if self.stage_x else 0) + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
@@ -127,6 +142,8 @@ def block_x_for(m: int) -> int:
 
 def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None:
     """Raise ``ValueError`` unless ``config`` divides an ``n x k`` weight and fits ``arch``."""
+    if isinstance(config, SkinnyConfig) and not (type(config.warps) is type(config.warps_n) is int and config.warps_n >= 1 and config.warps % config.warps_n == 0):
+        raise ValueError(f"config {config} does not fit N={n}, K={k}: warps_n must be a positive int that divides warps")
     example.check_config(config, n, k, (SkinnyConfig,))
     problems = []
     if config.block_x > X_TILE_ROWS and (config.block_x % X_TILE_ROWS or config.block_x > MAX_BLOCK_X):
@@ -350,36 +367,55 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
 """.replace("ZERO_SLOT", str(ZERO_SLOT))
 
 
+# Who reads and writes what. Plain arithmetic, so the kernel (on TIR expressions) and the CPU tests
+# (on ints) run the same formulas.
+def warp_range(config: SkinnyConfig, k: int, bn, bk, warp) -> tuple:
+    """``(weight block, k32 block, k32 blocks)``: the first of the ``rows_per_warp`` 32-row weight
+    blocks that warp ``warp`` of CTA ``(bn, bk)`` reads, its first k32 block and how many. Warp w is
+    in group ``w % warps_n`` (its weight rows) and takes K slice ``w // warps_n`` of the CTA's range."""
+    cta_blocks = k // example.FRAG_K // config.split_k
+    warp_blocks = cta_blocks // config.warps_k
+    group, k_slice = warp % config.warps_n, warp // config.warps_n
+    return (bn * config.warps_n + group) * config.rows_per_warp, bk * cta_blocks + k_slice * warp_blocks, warp_blocks
+
+
+def output_cell(config: SkinnyConfig, bn, group, q, lane) -> tuple:
+    """``(x row, weight row)`` of accumulator ``q`` of lane ``lane`` in an owner warp of group
+    ``group``, CTA column ``bn``: ``q = ((r * 2 + p) * x_tiles + j) * 4 + c`` of lane (g, t) holds
+    weight row ``32 (block r) + 16 p + g + 8 (c // 2)`` of the group's blocks and x row
+    ``8 j + 2 t + c % 2`` (the m16n8 C fragment with the weights as rows)."""
+    x_tiles = config.x_tiles
+    block = (bn * config.warps_n + group) * config.rows_per_warp + q // (8 * x_tiles)
+    weight_row = block * example.FRAG_N + q // (4 * x_tiles) % 2 * 16 + lane // 4 + q % 4 // 2 * 8
+    return q // 4 % x_tiles * X_TILE_ROWS + lane % 4 * 2 + q % 2, weight_row
+
+
 def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
-    """Grid: (N / (32 rows_per_warp), split_k), ``warps`` warps per CTA. Accumulator
-    ``q = ((r * 2 + p) * x_tiles + j) * 4 + c`` of lane (g, t) holds weight row
-    ``32 (block r) + 16 p + g + 8 (c // 2)`` and x row ``8 j + 2 t + c % 2`` (the m16n8 C fragment
-    with the weights as rows)."""
+    """Grid: (N / (32 rows_per_warp warps_n), split_k), ``warps`` warps per CTA; each warp reads
+    ``warp_range``, and the owner warps (K slice 0 of each group) write ``output_cell``s."""
     import tilelang.language as T
 
     bx, rpw, split_k, warps, depth = config.block_x, config.rows_per_warp, config.split_k, config.warps, config.depth
+    warps_n, warps_k = config.warps_n, config.warps_k
     x_tiles, acc_size = config.x_tiles, config.accumulators
     cta_k_blocks = k // example.FRAG_K // split_k
-    warp_k_blocks = cta_k_blocks // warps
     k_blocks = k // example.FRAG_K
     block_stride = k_blocks * example.WORDS_PER_BLOCK
     x_elements = cta_k_blocks * bx * 32 if config.stage_x else 0  # [k32 block][x row][t][register][half]
     x_chunks = x_elements // 8
-    exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32)
+    exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32 * warps_n)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
-    def weight_row(bn, q, lane):
-        return (bn * rpw + q // (8 * x_tiles)) * example.FRAG_N + q // (4 * x_tiles) % 2 * 16 + lane // 4 + q % 4 // 2 * 8
-
     def x_row(q, lane):
-        return q // 4 % x_tiles * X_TILE_ROWS + lane % 4 * 2 + q % 2
+        return output_cell(config, 0, 0, q, lane)[0]
 
     @T.macro
-    def store(acc, y, alpha_x128, bn, lane, m):
+    def store(acc, y, alpha_x128, bn, group, lane, m):
         for q in T.unroll(acc_size):
-            if x_row(q, lane) < m:
-                y[x_row(q, lane), weight_row(bn, q, lane)] = T.cast(acc[q] * alpha_x128[weight_row(bn, q, lane)], T.bfloat16)
+            row, weight_row = output_cell(config, bn, group, q, lane)
+            if row < m:
+                y[row, weight_row] = T.cast(acc[q] * alpha_x128[weight_row], T.bfloat16)
 
     @T.prim_func
     def nvfp4_w4a16_skinny(
@@ -391,16 +427,17 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         partials: ops.partials,
         tickets: ops.tickets,
     ):
-        with T.Kernel(n // (example.FRAG_N * rpw), split_k, threads=32 * warps) as (bn, bk):
+        with T.Kernel(n // (example.FRAG_N * rpw * warps_n), split_k, threads=32 * warps) as (bn, bk):
             T.import_source(SKINNY_SOURCE)
             T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             x_frag = T.alloc_shared((x_elements + ZERO_SLOT,), T.bfloat16)
-            handoff = T.alloc_shared((max(warps - 1, 1), acc_size, 32), T.float32)
+            handoff = T.alloc_shared((max(warps - warps_n, 1), acc_size, 32), T.float32)
             ticket = T.alloc_shared((1,), T.int32)
             acc = T.alloc_local((acc_size,), T.float32)
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
+            weight_block, k_block, warp_k_blocks = warp_range(config, k, bn, bk, warp)
             if config.stage_x:
                 # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c.
                 # Staging in the CUDA body instead, four loads per thread in flight at a time and
@@ -430,33 +467,34 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                 f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(not config.stage_x).lower()}, {warp_k_blocks}>",
                 T.address_of(codes[0, 0, 0]),
                 T.address_of(scales[0, 0, 0]),
-                (bn * rpw * k_blocks + bk * cta_k_blocks + warp * warp_k_blocks) * example.WORDS_PER_BLOCK,
+                (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
                 T.address_of(x[0, 0]),
                 bk * cta_k_blocks * example.FRAG_K,
                 k,
                 M,
                 T.address_of(x_frag[0]),
-                warp * warp_k_blocks,
+                k_block - bk * cta_k_blocks,
                 T.address_of(acc[0]),
                 block_stride,
                 lane,
             )
-            if warps > 1:
-                # Warp order, lane-fastest: each warp's stores and warp 0's loads hit 32 banks.
-                if warp > 0:
+            owner = warp < warps_n  # K slice 0 of its group (warp_range): it holds the group's sums
+            if warps_k > 1:
+                # Warp order, lane-fastest: each warp's stores and each owner's loads hit 32 banks.
+                if not owner:
                     for q in T.unroll(acc_size):
-                        handoff[warp - 1, q, lane] = acc[q]
+                        handoff[warp - warps_n, q, lane] = acc[q]
                 T.sync_threads()
-                if warp == 0:
-                    for w, q in T.grid(warps - 1, acc_size):
-                        acc[q] += handoff[w, q, lane]
+                if owner:
+                    for w, q in T.grid(warps_k - 1, acc_size):
+                        acc[q] += handoff[w * warps_n + warp, q, lane]
             if split_k == 1:
-                if warp == 0:
-                    store(acc, y, alpha_x128, bn, lane, M)
+                if owner:
+                    store(acc, y, alpha_x128, bn, warp, lane, M)
             else:
-                exchange(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, warp == 0)
-                if ticket[0] == split_k - 1 and warp == 0:
-                    store(acc, y, alpha_x128, bn, lane, M)
+                exchange(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, owner)
+                if ticket[0] == split_k - 1 and owner:
+                    store(acc, y, alpha_x128, bn, warp, lane, M)
 
     return nvfp4_w4a16_skinny
 

@@ -166,9 +166,11 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # 1088 CTAs of 34816x5120 at once (27.7 us at split 4). Wider x blocks hold more accumulators, so
 # they take one CTA per SM less.
 # Depth 2 won no cell in the races of 2026-12-01 (M = 1-8, five shapes); depth 8 at six CTAs per SM
-# (80 registers with x staged) keeps twice the bytes in flight and is not yet raced.
-SKINNY_SHAPES = ((1, 4, 4, 5), (1, 4, 8, 6), (2, 4, 4, 3), (1, 2, 4, 9))
-SKINNY_WIDE_SHAPES = ((1, 4, 4, 4), (1, 4, 2, 5), (2, 4, 2, 3), (1, 2, 4, 8))
+# (80 registers with x staged) keeps twice the bytes in flight and is not yet raced. The fifth
+# number is warps_n: four warps along N share one staged x, a quarter of the staging per weight
+# row (not yet raced either).
+SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1), (1, 2, 4, 9, 1), (1, 4, 4, 5, 4))
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 2, 5, 1), (2, 4, 2, 3, 1), (1, 2, 4, 8, 1), (1, 4, 4, 4, 4), (1, 8, 2, 2, 4))
 SKINNY_SPLITS = (1, 2, 4, 8)
 # Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
 # range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; x from global
@@ -185,9 +187,9 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
-    for (rows, warps, depth, ctas), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
-        ring = max(1, min(depth, k // nv.FRAG_K // split // warps))
-        config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas, stage_x)
+    for (rows, warps, depth, ctas, warps_n), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
+        ring = max(1, min(depth, k // nv.FRAG_K // split // (warps // warps_n)))
+        config = skinny.SkinnyConfig(block_x, rows, split, warps, ring, ctas, stage_x, warps_n)
         config = config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch))))
         if config.registers_needed() <= config.registers():
             out.append(config)

@@ -44,11 +44,22 @@ DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (34816, 5120), (5120, 17408), (5
         (S(1, 3), "sm_90", "divide N"),
         (S(0), "sm_90", "positive int"),
         (S(1, stage_x=1), "sm_90", "bool field a bool"),
+        (S(1, warps_n=3), "sm_90", "warps_n must be a positive int that divides warps"),
+        (S(1, warps_n=0), "sm_90", "warps_n must be a positive int that divides warps"),
     ],
 )
 def test_bad_configs(config, arch, match):
     with pytest.raises(ValueError, match=match):
         skinny.check_skinny_config(config, 34816, 5120, arch)
+
+
+def test_warps_along_n_take_whole_groups_of_weight_blocks():
+    config = S(1, 1, 1, 4, 4, 5, True, 4)  # 4 groups of one warp: 128 weight rows per CTA
+    assert (config.warps_k, config.kernel_shape().block_n) == (1, 128)
+    skinny.check_skinny_config(config, 34816, 5120, "sm_90")
+    with pytest.raises(ValueError, match="divide N"):
+        skinny.check_skinny_config(config, 34816 + 32, 5120, "sm_90")  # 1089 weight blocks
+    assert config.shared_bytes(5120) == S(1, 1, 1, 4, 4, 5).shared_bytes(5120) - 3 * config.accumulators * 32 * 4  # no handoff
 
 
 def test_x_from_global_memory_needs_no_shared_x():
@@ -119,7 +130,17 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize(
-    "config", [S(1, 1, 2, 4, 4, 5), S(5, 2, 4, 4, 2, 3), S(16, 1, 4, 4, 2, 3), S(32, 1, 4, 4, 2, 2), S(8, 1, 1, 4, 4, 5, False), S(24, 2, 2, 4, 2, 2, False)]
+    "config",
+    [
+        S(1, 1, 2, 4, 4, 5),
+        S(5, 2, 4, 4, 2, 3),
+        S(16, 1, 4, 4, 2, 3),
+        S(32, 1, 4, 4, 2, 2),
+        S(8, 1, 1, 4, 4, 5, False),
+        S(24, 2, 2, 4, 2, 2, False),
+        S(16, 1, 4, 4, 2, 3, True, 4),
+        S(8, 2, 2, 4, 4, 3, False, 2),
+    ],
 )
 def test_compiles(arch, config):
     if arch == "sm_120" and config.ctas_per_sm > config.ctas_held(5120, arch):
@@ -130,7 +151,7 @@ def test_compiles(arch, config):
     rpw, depth, bx, x_tiles, x_from_global, warp_blocks = call.groups()
     assert tuple(map(int, (rpw, depth, bx, x_tiles))) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
     assert (x_from_global == "true") == (not config.stage_x)
-    assert int(warp_blocks) == 5120 // 32 // config.split_k // config.warps
+    assert int(warp_blocks) == 5120 // 32 // config.split_k // config.warps_k
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
@@ -162,6 +183,12 @@ REFERENCE_CASES = [
     # Rings that do not divide a warp's blocks (43 and 17 per warp: tails of 3 and 1).
     (1, 4096, 11008, S(1, 1, 2, 4, 4, 5)),
     (7, 5120, 17408, S(8, 2, 8, 4, 4, 3, False)),
+    # Warps along N: four groups of one warp, two groups of two (the K-slice handoff per group),
+    # split and unsplit, x staged and not.
+    (1, 34816, 5120, S(1, 1, 1, 4, 4, 5, True, 4)),
+    (16, 16384, 5120, S(16, 1, 4, 4, 2, 3, True, 4)),
+    (5, 5120, 6144, S(8, 2, 2, 4, 4, 3, False, 2)),
+    (29, 14336, 5120, S(32, 1, 4, 8, 2, 2, True, 4)),
 ]
 
 
@@ -202,3 +229,40 @@ def test_refuses_more_rows_than_block_x():
     with pytest.raises(ValueError, match="block_x=4"):
         sk.nvfp4_w4a16_linear(x, w, S(4, 1, 2, 4, 4, 4), out=out)
     assert not out.any(), "a refused call must not write"
+
+
+# ---------------------------------------------------------------- CPU: who reads and writes what
+
+
+@pytest.mark.parametrize(
+    "n, k, config",
+    [
+        (5120, 6144, S(1, 1, 4, 4, 4, 5)),
+        (5120, 6144, S(8, 2, 2, 4, 4, 3, False, 2)),
+        (34816, 5120, S(16, 1, 4, 4, 2, 3, True, 4)),
+        (14336, 5120, S(32, 1, 4, 8, 2, 2, True, 4)),
+        (4096, 11008, S(1, 1, 2, 4, 4, 5)),
+    ],
+)
+def test_warps_read_every_block_once_and_owners_write_every_cell_once(n, k, config):
+    """The kernel's index formulas (``warp_range``, ``output_cell``) on the CPU: over the grid, the
+    warps read each (32-row weight block, k32 block) exactly once, and the owner warps' accumulators
+    land on each (x row, weight row) of the padded output exactly once."""
+    grid_n = n // (32 * config.rows_per_warp * config.warps_n)
+    k_blocks = k // 32
+    read = torch.zeros(n // 32, k_blocks, dtype=torch.int32)
+    for bn in range(grid_n):
+        for bk in range(config.split_k):
+            for warp in range(config.warps):
+                block, first, count = skinny.warp_range(config, k, bn, bk, warp)
+                read[block : block + config.rows_per_warp, first : first + count] += 1
+    assert bool((read == 1).all())
+    rows = skinny.X_TILE_ROWS * config.x_tiles
+    written = torch.zeros(rows, n, dtype=torch.int32)
+    for bn in range(grid_n):
+        for group in range(config.warps_n):  # the owners: warps 0 .. warps_n - 1
+            for lane in range(32):
+                for q in range(config.accumulators):
+                    x_row, weight_row = skinny.output_cell(config, bn, group, q, lane)
+                    written[x_row, weight_row] += 1
+    assert bool((written == 1).all())
