@@ -69,6 +69,11 @@ def test_x_from_global_memory_needs_no_shared_x():
     assert staged.shared_bytes(5120) - unstaged.shared_bytes(5120) == 160 * 8 * 64  # k32 blocks x rows x 64 bytes
 
 
+def test_other_config_kinds_are_a_type_error():
+    with pytest.raises(TypeError, match="config must be a SkinnyConfig"):
+        skinny.check_skinny_config(nv.FragConfig(), 34816, 5120, "sm_90")
+
+
 def test_check_any_config_routes_skinny_configs():
     sk.check_any_config(S(1, 1, 2, 4, 4, 5), 34816, 5120, "sm_120")
     with pytest.raises(ValueError, match="block_x"):
