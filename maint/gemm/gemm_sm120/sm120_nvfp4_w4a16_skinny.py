@@ -110,12 +110,19 @@ class SkinnyConfig(NamedTuple):
         """FP32 accumulators per thread: two m16 tiles per weight block, four per (m16, n8) tile."""
         return self.rows_per_warp * 2 * self.x_tiles * 4
 
+    def cta_blocks(self, k: int) -> int:
+        """k32 blocks of a CTA's K range."""
+        return k // example.FRAG_K // self.split_k
+
+    def warp_blocks(self, k: int) -> int:
+        """k32 blocks of a warp's K slice."""
+        return self.cta_blocks(k) // self.warps_k
+
     def shared_bytes(self, k: int) -> int:
         """x in fragment order (64 bytes per row and k32 block) if staged, the zero slot, the warps'
         handoff, the exchange's ticket."""
-        k_blocks = k // example.FRAG_K // self.split_k
         handoff = (self.warps - self.warps_n) * self.accumulators * 32 * 4
-        return (k_blocks * self.block_x * 64 if self.stage_x else 0) + ZERO_SLOT_BYTES + handoff + 16
+        return (self.cta_blocks(k) * self.block_x * 64 if self.stage_x else 0) + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
@@ -186,9 +193,9 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     split = 1
     while n // (rows * example.FRAG_N) * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
-    depth = min(HEURISTIC_MAX_DEPTH, k_blocks // split // HEURISTIC_WARPS)
     # x from global memory reads rows by M, not block_x: one kernel serves M = 2-8.
-    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, rows, split, HEURISTIC_WARPS, depth, 5 if rows == 1 else 3, stage_x=m == 1)
+    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, rows, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, 5 if rows == 1 else 3, stage_x=m == 1)
+    config = config._replace(depth=min(HEURISTIC_MAX_DEPTH, config.warp_blocks(k)))
     try:
         check_skinny_config(config, n, k, "sm_90")
     except ValueError:
@@ -380,10 +387,9 @@ def warp_range(config: SkinnyConfig, k: int, bn, bk, warp) -> tuple:
     """``(weight block, k32 block, k32 blocks)``: the first of the ``rows_per_warp`` 32-row weight
     blocks that warp ``warp`` of CTA ``(bn, bk)`` reads, its first k32 block and how many. Warp w is
     in group ``w % warps_n`` (its weight rows) and takes K slice ``w // warps_n`` of the CTA's range."""
-    cta_blocks = k // example.FRAG_K // config.split_k
-    warp_blocks = cta_blocks // config.warps_k
+    warp_blocks = config.warp_blocks(k)
     group, k_slice = warp % config.warps_n, warp // config.warps_n
-    return (bn * config.warps_n + group) * config.rows_per_warp, bk * cta_blocks + k_slice * warp_blocks, warp_blocks
+    return (bn * config.warps_n + group) * config.rows_per_warp, bk * config.cta_blocks(k) + k_slice * warp_blocks, warp_blocks
 
 
 def output_cell(config: SkinnyConfig, bn, group, q, lane) -> tuple:
@@ -405,7 +411,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     bx, rpw, split_k, warps, depth = config.block_x, config.rows_per_warp, config.split_k, config.warps, config.depth
     warps_n, warps_k = config.warps_n, config.warps_k
     x_tiles, acc_size = config.x_tiles, config.accumulators
-    cta_k_blocks = k // example.FRAG_K // split_k
+    cta_k_blocks = config.cta_blocks(k)
     k_blocks = k // example.FRAG_K
     block_stride = k_blocks * example.WORDS_PER_BLOCK
     x_elements = cta_k_blocks * bx * 32 if config.stage_x else 0  # [k32 block][x row][t][register][half]
