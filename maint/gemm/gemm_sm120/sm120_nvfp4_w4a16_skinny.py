@@ -230,15 +230,16 @@ __device__ __forceinline__ void nvfp4_skinny_mma(float* d, unsigned a0, unsigned
 // _scatter_codes). Staged in shared memory it is 64 bytes per row and block, lane t's 16 at 16t.
 //
 // The CTA stages x into that order with this, 16 bytes of a row per thread and step (offsets in
-// BF16 elements; rows past M are zeros).
+// BF16 elements): four 4-byte cp.async copies, rows past M zero-filled (source size 0). The copies
+// need no registers and no wait of their own, so each thread's are all in flight at once, and the
+// warps issue their first weight loads before they wait (nvfp4_skinny_warp).
 __device__ __forceinline__ void nvfp4_skinny_stage_x(const void* x, int src, void* x_frag, int dst, bool row_exists) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (row_exists) v = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(x) + src);
-  unsigned* d = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned short*>(x_frag) + dst);
-  d[0] = v.x;
-  d[4] = v.y;
-  d[8] = v.z;
-  d[12] = v.w;
+  const unsigned short* s = reinterpret_cast<const unsigned short*>(x) + src;
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(reinterpret_cast<unsigned short*>(x_frag) + dst));
+  const int bytes = row_exists ? 4 : 0;
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d + 16 * w), "l"(s + 2 * w), "r"(bytes) : "memory");
 }
 // One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks and,
 // when x comes from global memory (XG), its x fragments of that block.
@@ -355,6 +356,10 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
   nvfp4_skinny_slot<R, XT, XG> ring[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
+  if (!XG) {  // the CTA's x copies (nvfp4_skinny_stage_x) and its zero slot, in shared memory for all warps
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+  }
   // Blocks are used in order; slot d takes every D-th. While whole rings remain: use a slot, then
   // refill it D blocks ahead.
   constexpr int TAIL = COUNT % D;
@@ -452,10 +457,13 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             warp = tx // 32
             weight_block, k_block, warp_k_blocks = warp_range(config, k, bn, bk, warp)
             if config.stage_x:
-                # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c.
-                # Staging in the CUDA body instead, four loads per thread in flight at a time and
-                # after the ring's first loads, took 1.06x the kernel's time at M = 1 and 1.09x at
-                # M = 4 (34816x5120; H200, 2026-12-01, results/h200_ab_2026-12-01g_skinny_regression.json).
+                # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c,
+                # copied asynchronously; the warps wait for them after their first weight loads.
+                # Against a 16-byte load and four shared stores per chunk (H200, 2026-12-01,
+                # results/h200_ab_2026-12-01h_x_staging.json): 0.95-0.99x the time at M = 1 on four
+                # shapes, but 1.00-1.19x with 4-32 rows staged (four copies per chunk; the table
+                # stages x only at M = 1). Rows in natural order read by ldmatrix.x4 lost at M = 1
+                # (1.16x on 34816x5120).
                 for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
                     c = i * 32 * warps + tx
                     if c < x_chunks:
@@ -472,7 +480,6 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                         )
                 if tx < ZERO_SLOT:
                     x_frag[tx] = T.bfloat16(0)
-                T.sync_threads()
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             T.call_extern(
