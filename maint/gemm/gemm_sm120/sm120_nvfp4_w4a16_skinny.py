@@ -169,13 +169,18 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
-# Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed). Fitted by
-# eye to what the tuner took on the H200 at M = 1-8 (2026-12-01, the five default shapes,
+# Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed). Fitted to
+# what the tuner took on the H200 at M = 1-8 (2026-12-01, the five default shapes,
 # tuned/sm_90-132sm.json): four warps; at M = 1 one 32-row weight block per warp, x staged, 5 CTAs
-# per SM; above, x from global memory and (as the tuner took at M = 5-8; at 2-4 it took one) two
-# blocks per warp at 3 CTAs per SM, one kernel for M = 2-8; the split that gives at least
-# HEURISTIC_MIN_CTAS_PER_SM CTAs per SM (split 1 at N >= 14336, 4-8 at N = 5120); depth 4. Not yet
-# timed on a shape outside the table (NOTES, twenty-sixth session).
+# per SM; above, x from global memory (one kernel serves all the rows it holds), one block per warp
+# at M = 2-4 and two (3 CTAs per SM) at M = 5-8; the smallest power-of-two split that gives at
+# least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; depth 4.
+# Two blocks per warp only where the split exchange moves whole slots (the example's
+# DENSE_EXCHANGE_MIN_FILL): below it each of a thread's 16 accumulators crosses on its own, and
+# the first heuristic, two blocks at M = 2-8, lost to Marlin at M = 4 on 4096x4096 and 6144x4096
+# (11.1 and 14.1 us against 9.6 and 12.1). One block per warp there: 7.5 and 10.7 us, and 11.9 and
+# 14.4 us on 11008x4096 and 4096x11008 against 14.0 and 17.2 (H200, 2026-12-01; NOTES, twenty-
+# seventh session).
 HEURISTIC_MAX_M = X_TILE_ROWS
 HEURISTIC_MIN_CTAS_PER_SM = 3
 HEURISTIC_WARPS = 4
@@ -188,12 +193,13 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     shape does not divide into one (the caller falls back to the other kernels)."""
     if m > HEURISTIC_MAX_M:
         return None
-    rows = 1 if m == 1 or n % (2 * example.FRAG_N) else 2
+    dense_exchange = m * example.DENSE_EXCHANGE_MIN_FILL > X_TILE_ROWS
+    rows = 2 if dense_exchange and n % (2 * example.FRAG_N) == 0 else 1
     k_blocks = k // example.FRAG_K
     split = 1
     while n // (rows * example.FRAG_N) * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
-    # x from global memory reads rows by M, not block_x: one kernel serves M = 2-8.
+    # x from global memory reads rows by M, not block_x: one kernel serves M = 2-4, one M = 5-8.
     config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, rows, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, 5 if rows == 1 else 3, stage_x=m == 1)
     config = config._replace(depth=min(HEURISTIC_MAX_DEPTH, config.warp_blocks(k)))
     try:
