@@ -176,7 +176,7 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
 # at M = 2-4 and two (3 CTAs per SM) at M = 5-8; the smallest power-of-two split that gives at
 # least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; depth 4.
 # Two blocks per warp only where the split exchange moves whole slots (the example's
-# DENSE_EXCHANGE_MIN_FILL): below it each of a thread's 16 accumulators crosses on its own, and
+# exchange_moves_whole_slots): below it each of a thread's 16 accumulators crosses on its own, and
 # the first heuristic, two blocks at M = 2-8, lost to Marlin at M = 4 on 4096x4096 and 6144x4096
 # (11.1 and 14.1 us against 9.6 and 12.1). One block per warp there: 7.5 and 10.7 us, and 11.9 and
 # 14.4 us on 11008x4096 and 4096x11008 against 14.0 and 17.2 (H200, 2026-12-01; NOTES, twenty-
@@ -193,8 +193,7 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     shape does not divide into one (the caller falls back to the other kernels)."""
     if m > HEURISTIC_MAX_M:
         return None
-    dense_exchange = m * example.DENSE_EXCHANGE_MIN_FILL > X_TILE_ROWS
-    rows = 2 if dense_exchange and n % (2 * example.FRAG_N) == 0 else 1
+    rows = 2 if example.exchange_moves_whole_slots(m, X_TILE_ROWS) and n % (2 * example.FRAG_N) == 0 else 1
     k_blocks = k // example.FRAG_K
     split = 1
     while n // (rows * example.FRAG_N) * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:

@@ -166,9 +166,11 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # 1088 CTAs of 34816x5120 at once (27.7 us at split 4). Wider x blocks hold more accumulators, so
 # they take one CTA per SM less.
 # Depth 2 won no cell in the races of 2026-12-01 (M = 1-8, five shapes); depth 8 at six CTAs per SM
-# (80 registers with x staged) keeps twice the bytes in flight and is not yet raced. The fifth
-# number is warps_n: four warps along N share one staged x, a quarter of the staging per weight
-# row (not yet raced either).
+# (80 registers with x staged) keeps twice the bytes in flight. The fifth number is warps_n: four
+# warps along N share one staged x, a quarter of the staging per weight row. Raced at M = 1 on
+# 34816x5120 (results/h200_timings_2026-12-01h_skinny_m1_34816.json), both lost to the first
+# shape: depth 8 took 28.97 us against 28.67 in the final race, warps_n = 4 at best 31.4 in the
+# first pass.
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1), (1, 2, 4, 9, 1), (1, 4, 4, 5, 4))
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 2, 5, 1), (2, 4, 2, 3, 1), (1, 2, 4, 8, 1), (1, 4, 4, 4, 4), (1, 8, 2, 2, 4))
 SKINNY_SPLITS = (1, 2, 4, 8)

@@ -110,7 +110,7 @@ def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
         assert config is not None and config.block_x >= m, (m, n, k)
         skinny.check_skinny_config(config, n, k, "sm_90")
         assert config.stage_x == (m == 1)  # x from global memory above one row
-        if m * nv.DENSE_EXCHANGE_MIN_FILL <= skinny.X_TILE_ROWS:  # each accumulator crosses the split exchange alone
+        if not nv.exchange_moves_whole_slots(m, skinny.X_TILE_ROWS):  # each accumulator crosses the split exchange alone
             assert config.rows_per_warp == 1, (m, n, k, config)
     assert skinny.heuristic_config(skinny.HEURISTIC_MAX_M + 1, n, k, sm_count=132) is None
     # x from global memory reads rows by M: one kernel for M = 2-4 and one for M = 5-8
