@@ -15,8 +15,9 @@ kernel's). This kernel takes the shortest path from HBM to the tensor core:
   the loop: each warp runs alone;
 - x (``block_x`` rows of the CTA's K range) sits in shared memory in B-fragment order, one 16-byte
   load per lane, n8 tile and k32 block; lanes whose rows lie beyond ``block_x`` read 16 zero bytes.
-  Or (``stage_x=False``) each lane loads its x fragments from global memory (L1) into its ring with
-  the weights: no prologue and no x in shared memory, for four 4-byte loads per n8 tile and block;
+  Or (``stage_x=False``) each warp streams its x rows through its own ring of ``depth`` k32 blocks
+  in shared memory, ``cp.async`` ``depth`` blocks ahead with the weights and ``ldmatrix`` at use:
+  no prologue, one 16-byte copy per lane, n8 tile and block;
 - a CTA of ``warps`` warps: ``warps_n`` groups of them take different weight rows (sharing the
   staged x), and each group's warps split the CTA's K range and add their accumulators through
   shared memory; ``split_k`` CTAs per weight-row block meet in the example's deterministic
@@ -52,6 +53,10 @@ X_TILE_ROWS = 8  # an n8 MMA tile of x rows
 MAX_BLOCK_X = 32  # four n8 tiles: past that the MMAs per code word outgrow the dequant
 MIN_REGISTERS = 64  # below this ptxas spills the dequant's 16 registers next to the loads in flight
 DEQUANT_REGISTERS = 16  # one weight block's dequantized words (nvfp4_dequant_block's output)
+# A warp's x ring per n8 tile: the copy's source and byte count, the block's four fragment registers
+# and what else ptxas took for them; fitted to ptxas -v (sm_90a, 2026-12-01): 12 let a config that
+# spilled 4 bytes pass, 13 flags it.
+X_RING_REGISTERS = 13
 SMEM_PER_CTA = {"sm_90": hopper.SM90_SMEM_PER_CTA, "sm_120": example.SM120_SMEM_PER_CTA}
 SMEM_PER_SM = {"sm_90": hopper.SM90_SMEM_PER_SM, "sm_120": example.SM120_SMEM_PER_SM}
 ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
@@ -66,9 +71,9 @@ class SkinnyConfig(NamedTuple):
     ``warps_n / warps`` slice of the CTA's K range; the groups share the staged x), ``depth`` k32
     blocks of codes and scales each lane keeps in flight, ``ctas_per_sm`` CTAs ptxas must fit on an
     SM (``__launch_bounds__``; it caps the registers), ``stage_x``: the CTA stages its x rows in
-    shared memory first (else each lane loads its x fragments from global memory into its ring,
-    ``depth`` blocks ahead with the weights: four 4-byte loads per n8 tile and block, no staging and
-    no x in shared memory)."""
+    shared memory first (else each warp copies its x rows into its own ring of ``depth`` k32 blocks
+    in shared memory, ``depth`` blocks ahead with the weights: one 16-byte ``cp.async`` per lane, n8
+    tile and block, read by ``ldmatrix``; no prologue, and shared memory for the ring only)."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -118,11 +123,17 @@ class SkinnyConfig(NamedTuple):
         """k32 blocks of a warp's K slice."""
         return self.cta_blocks(k) // self.warps_k
 
+    def x_elements(self, k: int) -> int:
+        """BF16 elements of x in shared memory: the CTA's rows in fragment order (64 bytes per row and
+        k32 block) if staged, else the warps' rings (an n8 tile of a k32 block per tile and slot)."""
+        if self.stage_x:
+            return self.cta_blocks(k) * self.block_x * 32
+        return self.warps * self.depth * self.x_tiles * X_TILE_ROWS * 32
+
     def shared_bytes(self, k: int) -> int:
-        """x in fragment order (64 bytes per row and k32 block) if staged, the zero slot, the warps'
-        handoff, the exchange's ticket."""
+        """x (``x_elements``), the zero slot, the warps' handoff, the exchange's ticket."""
         handoff = (self.warps - self.warps_n) * self.accumulators * 32 * 4
-        return (self.cta_blocks(k) * self.block_x * 64 if self.stage_x else 0) + ZERO_SLOT_BYTES + handoff + 16
+        return self.x_elements(k) * 2 + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8)."""
@@ -130,12 +141,12 @@ class SkinnyConfig(NamedTuple):
 
     def registers_needed(self) -> int:
         """What the loop holds at once per thread: the ring (codes 4 and scales 2 per weight block
-        and slot, and 4 per n8 tile and slot when x comes from global memory), one block's dequantized
-        words and the accumulators. ptxas (sm_90a, 2026-12-01) spilled every config measured where
-        this exceeded ``registers()`` (x from global memory at depth 6-8 and 80-96 registers: 48-244
-        bytes) and none where it did not (depth 8 staged at 80; two blocks per warp at 168)."""
-        x_words = 0 if self.stage_x else self.x_tiles * 4
-        return self.depth * (self.rows_per_warp * 6 + x_words) + DEQUANT_REGISTERS + self.accumulators
+        and slot), one block's dequantized words, the accumulators and, with the warps' x rings,
+        ``X_RING_REGISTERS`` per n8 tile. Against ptxas -v (sm_90a, 2026-12-01): it exceeds
+        ``registers()`` for every config measured that spilled, and for a few that did not (4 of 99
+        ring configs at M = 1-32 on 34816x5120 and 5120x6144; NOTES, twenty-eighth session)."""
+        x_ring = 0 if self.stage_x else X_RING_REGISTERS * self.x_tiles
+        return self.depth * self.rows_per_warp * 6 + DEQUANT_REGISTERS + self.accumulators + x_ring
 
     def ctas_held(self, k: int, arch: str) -> int:
         """CTAs of this config that one ``arch`` SM's shared memory holds at this K."""
@@ -171,20 +182,17 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
 
 # Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed). Fitted to
 # what the tuner took on the H200 at M = 1-8 (2026-12-01, the five default shapes,
-# tuned/sm_90-132sm.json): four warps; at M = 1 one 32-row weight block per warp, x staged, 5 CTAs
-# per SM; above, x from global memory (one kernel serves all the rows it holds), one block per warp
-# at M = 2-4 and two (3 CTAs per SM) at M = 5-8; the smallest power-of-two split that gives at
-# least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; depth 4.
-# Two blocks per warp only where the split exchange moves whole slots (the example's
-# exchange_moves_whole_slots): below it each of a thread's 16 accumulators crosses on its own, and
-# the first heuristic, two blocks at M = 2-8, lost to Marlin at M = 4 on 4096x4096 and 6144x4096
-# (11.1 and 14.1 us against 9.6 and 12.1). One block per warp there: 7.5 and 10.7 us, and 11.9 and
-# 14.4 us on 11008x4096 and 4096x11008 against 14.0 and 17.2 (H200, 2026-12-01; NOTES, twenty-
-# seventh session).
+# tuned/sm_90-132sm.json): four warps of one 32-row weight block each, 5 CTAs per SM; x staged at
+# M = 1, else through the warps' rings (one kernel serves M = 2-8: the ring copies rows by M); the
+# smallest power-of-two split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; depth 4.
+# With the rings, one block per warp beat two in all ten M = 4 and 8 cells of the five shapes
+# (H200, 2026-12-01, NOTES twenty-eighth session), where x from global memory had needed two at
+# M = 5-8 to halve its loads.
 HEURISTIC_MAX_M = X_TILE_ROWS
 HEURISTIC_MIN_CTAS_PER_SM = 3
 HEURISTIC_WARPS = 4
 HEURISTIC_MAX_DEPTH = 4
+HEURISTIC_CTAS_PER_SM = 5
 HEURISTIC_MAX_SPLIT = 8
 
 
@@ -193,13 +201,11 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     shape does not divide into one (the caller falls back to the other kernels)."""
     if m > HEURISTIC_MAX_M:
         return None
-    rows = 2 if example.exchange_moves_whole_slots(m, X_TILE_ROWS) and n % (2 * example.FRAG_N) == 0 else 1
     k_blocks = k // example.FRAG_K
     split = 1
-    while n // (rows * example.FRAG_N) * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
+    while n // example.FRAG_N * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
-    # x from global memory reads rows by M, not block_x: one kernel serves M = 2-4, one M = 5-8.
-    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, rows, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, 5 if rows == 1 else 3, stage_x=m == 1)
+    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, 1, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, HEURISTIC_CTAS_PER_SM, stage_x=m == 1)
     config = config._replace(depth=min(HEURISTIC_MAX_DEPTH, config.warp_blocks(k)))
     try:
         check_skinny_config(config, n, k, "sm_90")
@@ -246,59 +252,80 @@ __device__ __forceinline__ void nvfp4_skinny_stage_x(const void* x, int src, voi
   for (int w = 0; w < 4; ++w)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d + 16 * w), "l"(s + 2 * w), "r"(bytes) : "memory");
 }
-// One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks and,
-// when x comes from global memory (XG), its x fragments of that block.
-template <int R, int XT, bool XG>
+// One ring slot: the lane's codes and scales of one k32 block of each of the R weight blocks.
+template <int R>
 struct nvfp4_skinny_slot {
   uint4 cw[R];
   uint2 sw[R];
-  uint4 xv[XG ? XT : 1];
 };
-// Where a lane's x fragments come from. Staged: shared memory, read at use (rows past BX read the
-// 16 zero bytes at `zeros`). XG: global memory, loaded into the ring with the weights (rows past M
-// load nothing and stay zero).
-template <int BX, int XT, bool XG>
+// Where a lane's x fragments come from. STAGED: the CTA's x rows, staged in shared memory before
+// the loop, read at use (rows past BX read the 16 zero bytes at `zeros`).
+template <int BX, int XT, bool STAGED, int D>
 struct nvfp4_skinny_x {
   const char* p[XT];
   int step[XT];
-  bool row[XT];
-  __device__ __forceinline__ nvfp4_skinny_x(const char* first, const char* zeros, int row_bytes, int m, int lane) {
+  __device__ __forceinline__ nvfp4_skinny_x(const char* first, const void* zeros, int, int, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < XT; ++j) {
-      row[j] = XG ? 8 * j + g < m : 8 * j + g < BX;
-      if (XG) {
-        p[j] = first + (8 * j + g) * row_bytes + 4 * t;
-        step[j] = 64;
-      } else {
-        p[j] = row[j] ? first + ((8 * j + g) * 4 + t) * 16 : zeros;
-        step[j] = row[j] ? BX * 64 : 0;
-      }
+      const bool row = 8 * j + g < BX;
+      p[j] = row ? first + ((8 * j + g) * 4 + t) * 16 : reinterpret_cast<const char*>(zeros);
+      step[j] = row ? BX * 64 : 0;
     }
   }
-  // XG: the next block to load into a slot (blocks are loaded and used in order).
-  __device__ __forceinline__ void load(uint4 (&xv)[XG ? XT : 1]) {
-    if (XG) {
-#pragma unroll
-      for (int j = 0; j < XT; ++j) {
-        const unsigned* q = reinterpret_cast<const unsigned*>(p[j]);
-        xv[j] = make_uint4(0, 0, 0, 0);
-        if (row[j]) xv[j] = make_uint4(__ldg(q), __ldg(q + 4), __ldg(q + 8), __ldg(q + 12));
-        p[j] += step[j];
-      }
-    }
-  }
-  // The next block's fragments to use: the slot's (XG) or shared memory's.
-  __device__ __forceinline__ void fetch(uint4 (&xv)[XT], const uint4 (&slot_xv)[XG ? XT : 1]) {
+  __device__ __forceinline__ void load(int) {}
+  __device__ __forceinline__ void skip() {}
+  __device__ __forceinline__ void fetch(uint4 (&xv)[XT], int) {
 #pragma unroll
     for (int j = 0; j < XT; ++j) {
-      if (XG) {
-        xv[j] = slot_xv[XG ? j : 0];
-      } else {
-        xv[j] = *reinterpret_cast<const uint4*>(p[j]);
-        p[j] += step[j];
-      }
+      xv[j] = *reinterpret_cast<const uint4*>(p[j]);
+      p[j] += step[j];
     }
+  }
+};
+// Not staged: the warp's own ring of D blocks in shared memory, filled by cp.async D blocks ahead
+// with the weights and read by ldmatrix. Slot d holds XT n8 tiles of 8 rows x 64 bytes (one k32
+// block) in natural order, 16-byte chunk c of row g at chunk c ^ (g / 2) % 4, so that each 8-row
+// phase of ldmatrix hits 32 distinct banks. ldmatrix.x4's matrix r (k 8r to 8r + 7) gives lane
+// (g, t) k 8r + 2t, +1 of row g: register r of its B fragment. One cp.async group per block
+// (empty ones past the last), so waiting for all but the newest D - 1 groups waits for the block
+// about to be used.
+template <int BX, int XT, int D>
+struct nvfp4_skinny_x<BX, XT, false, D> {
+  const char* src[XT];
+  int bytes[XT];
+  unsigned fill, read;
+  __device__ __forceinline__ nvfp4_skinny_x(const char* first, const void* ring, int row_bytes, int m, int lane) {
+    const int g = lane >> 2, c = lane & 3, r = lane >> 3, rr = lane & 7;
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      const bool exists = 8 * j + g < m;
+      src[j] = first + (exists ? 8 * j + g : 0) * row_bytes + 16 * c;  // rows past M: a valid address, 0 bytes read
+      bytes[j] = exists ? 16 : 0;
+    }
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+    fill = base + g * 64 + ((c ^ (g >> 1)) & 3) * 16;
+    read = base + rr * 64 + ((r ^ (rr >> 1)) & 3) * 16;
+  }
+  // The next block to load, into slot d (blocks are loaded and used in order).
+  __device__ __forceinline__ void load(int d) {
+    __syncwarp();  // every lane has read the slot's last block
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(fill + (d * XT + j) * 512), "l"(src[j]), "r"(bytes[j]) : "memory");
+      src[j] += 64;
+    }
+    skip();
+  }
+  __device__ __forceinline__ void skip() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+  // The next block's fragments, from slot d.
+  __device__ __forceinline__ void fetch(uint4 (&xv)[XT], int d) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(D - 1) : "memory");
+    __syncwarp();  // every lane's copies of the block have landed
+#pragma unroll
+    for (int j = 0; j < XT; ++j)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(xv[j].x), "=r"(xv[j].y), "=r"(xv[j].z), "=r"(xv[j].w) : "r"(read + (d * XT + j) * 512) : "memory");
   }
 };
 // One k32 block: dequantize each weight block's lane slice (words j: rows 8j + g) and multiply.
@@ -321,47 +348,46 @@ __device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const u
                            b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
   }
 }
-// The R weight blocks' (`block_stride` words apart) block at cp, sp into a ring slot, and x's.
-template <int R, int XT, bool XG, int BX>
-__device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R, XT, XG>& slot, const int* cp, const int* sp, int block_stride,
-                                                  nvfp4_skinny_x<BX, XT, XG>& xs) {
+// The R weight blocks' (`block_stride` words apart) block at cp, sp into ring slot d, and x's.
+template <int R, int XT, bool STAGED, int BX, int D>
+__device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R>& slot, int d, const int* cp, const int* sp, int block_stride,
+                                                  nvfp4_skinny_x<BX, XT, STAGED, D>& xs) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     slot.cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
     slot.sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8));  // 16 scale words per block against 128 code words
   }
-  xs.load(slot.xv);
+  xs.load(d);
 }
-// The next block, from its ring slot.
-template <int R, int XT, bool XG, int BX>
-__device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R, XT, XG>& slot, nvfp4_skinny_x<BX, XT, XG>& xs, float* acc) {
+// The next block, from ring slot d.
+template <int R, int XT, bool STAGED, int BX, int D>
+__device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R>& slot, int d, nvfp4_skinny_x<BX, XT, STAGED, D>& xs, float* acc) {
   uint4 xv[XT];
-  xs.fetch(xv, slot.xv);
+  xs.fetch(xv, d);
   nvfp4_skinny_block<R, XT>(slot.cw, slot.sw, xv, acc);
 }
 // A CTA's warp: its COUNT k32 blocks (at least D) of R weight blocks, `block_stride` words apart,
-// from `block_offset` code words into the weight, into `acc`.
-// Staged x (not XG): the CTA has staged its x rows into `x_frag` after a 16-byte zero slot; this
-// warp's blocks start `x_block` blocks in. XG: the warp reads x from column x_col + 32 x_block on.
+// from `block_offset` code words into the weight, into `acc`. STAGED: the CTA has staged its x rows
+// into `x_frag` after a 16-byte zero slot; this warp's blocks start `x_block` blocks in. Else the
+// warp reads x from column x_col + 32 x_block on, through its ring after the zero slot.
 // Offsets count elements. They travel apart from the bases: inside an address_of, TileLang's
 // pointer-type pass (VectorTypeAccessChecker) failed on indices past 64K elements ("can't fetch
 // the lanes of a scalable vector"; the codes of two-warp CTAs at K = 17408).
-template <int R, int D, int BX, int XT, bool XG, int COUNT>
+template <int R, int D, int BX, int XT, bool STAGED, int COUNT>
 __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
                                                   int row_stride, int m, const void* x_frag, int x_block, float* acc, int block_stride, int lane) {
   static_assert(COUNT >= D, "a warp's blocks fill its ring at least once");
   const int* cp = code_base + block_offset + lane * 4;  // block_offset counts code words; scales have 1/8 as many
   const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
-  const unsigned short* xg = reinterpret_cast<const unsigned short*>(x) + x_col;
-  const unsigned short* xs_base = reinterpret_cast<const unsigned short*>(x_frag);
-  const char* x_first = XG ? reinterpret_cast<const char*>(xg + x_block * 32) : reinterpret_cast<const char*>(xs_base + ZERO_SLOT + x_block * BX * 32);
-  nvfp4_skinny_x<BX, XT, XG> xs(x_first, reinterpret_cast<const char*>(xs_base), row_stride * 2, m, lane);
-  // The x source's two pointers (XG: loads, staged: uses) advance apart: one copy each.
-  nvfp4_skinny_x<BX, XT, XG> x_use = xs;
-  nvfp4_skinny_slot<R, XT, XG> ring[D];
+  const unsigned short* shared_x = reinterpret_cast<const unsigned short*>(x_frag);
+  const unsigned short* first = STAGED ? shared_x + ZERO_SLOT + x_block * BX * 32 : reinterpret_cast<const unsigned short*>(x) + x_col + x_block * 32;
+  const unsigned short* x_ring = shared_x + ZERO_SLOT + (threadIdx.x >> 5) * D * XT * 256;
+  // Staged x is read at its uses; the ring is filled at the loads.
+  nvfp4_skinny_x<BX, XT, STAGED, D> xs(reinterpret_cast<const char*>(first), STAGED ? shared_x : x_ring, row_stride * 2, m, lane);
+  nvfp4_skinny_slot<R> ring[D];
 #pragma unroll
-  for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
-  if (!XG) {  // the CTA's x copies (nvfp4_skinny_stage_x) and its zero slot, in shared memory for all warps
+  for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
+  if (STAGED) {  // the CTA's x copies (nvfp4_skinny_stage_x) and its zero slot, in shared memory for all warps
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
   }
@@ -373,20 +399,27 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
     sp += D * 16;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      nvfp4_skinny_use(ring[d], x_use, acc);
-      nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
+      nvfp4_skinny_use(ring[d], d, xs, acc);
+      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
     }
   }
-  // The last whole ring; the TAIL blocks past it refill its first slots.
+  // The last whole ring; the TAIL blocks past it refill its first slots. A use without a refill is
+  // followed by an empty group of x copies, so that every use waits for the same count.
   cp += D * 128;
   sp += D * 16;
 #pragma unroll
   for (int d = 0; d < D; ++d) {
-    nvfp4_skinny_use(ring[d], x_use, acc);
-    if (d < TAIL) nvfp4_skinny_load(ring[d], cp + d * 128, sp + d * 16, block_stride, xs);
+    nvfp4_skinny_use(ring[d], d, xs, acc);
+    if (d < TAIL)
+      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
+    else
+      xs.skip();
   }
 #pragma unroll
-  for (int d = 0; d < TAIL; ++d) nvfp4_skinny_use(ring[d], x_use, acc);
+  for (int d = 0; d < TAIL; ++d) {
+    nvfp4_skinny_use(ring[d], d, xs, acc);
+    xs.skip();
+  }
 }
 """.replace("ZERO_SLOT", str(ZERO_SLOT))
 
@@ -424,7 +457,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     cta_k_blocks = config.cta_blocks(k)
     k_blocks = k // example.FRAG_K
     block_stride = k_blocks * example.WORDS_PER_BLOCK
-    x_elements = cta_k_blocks * bx * 32 if config.stage_x else 0  # [k32 block][x row][t][register][half]
+    x_elements = config.x_elements(k)  # staged: [k32 block][x row][t][register][half]
     x_chunks = x_elements // 8
     exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32 * warps_n)
     M = T.dynamic("m")
@@ -489,7 +522,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                 acc[q] = 0.0
             T.call_extern(
                 "handle",
-                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(not config.stage_x).lower()}, {warp_k_blocks}>",
+                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>",
                 T.address_of(codes[0, 0, 0]),
                 T.address_of(scales[0, 0, 0]),
                 (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,

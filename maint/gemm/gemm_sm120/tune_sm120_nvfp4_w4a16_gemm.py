@@ -165,19 +165,18 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # warps) 31.1, with 8 warps per CTA (two CTAs per SM) 36.8. Two-warp CTAs, nine per SM, hold all
 # 1088 CTAs of 34816x5120 at once (27.7 us at split 4). Wider x blocks hold more accumulators, so
 # they take one CTA per SM less.
-# Depth 2 won no cell in the races of 2026-12-01 (M = 1-8, five shapes); depth 8 at six CTAs per SM
-# (80 registers with x staged) keeps twice the bytes in flight. The fifth number is warps_n: four
-# warps along N share one staged x, a quarter of the staging per weight row. Raced at M = 1 on
-# 34816x5120 (results/h200_timings_2026-12-01h_skinny_m1_34816.json), both lost to the first
-# shape: depth 8 took 28.97 us against 28.67 in the final race, warps_n = 4 at best 31.4 in the
-# first pass.
-SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1), (1, 2, 4, 9, 1), (1, 4, 4, 5, 4))
-SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 2, 5, 1), (2, 4, 2, 3, 1), (1, 2, 4, 8, 1), (1, 4, 4, 4, 4), (1, 8, 2, 2, 4))
+# Depth 2 won no cell in the races of 2026-12-01 (M = 1-8, five shapes). Two-warp CTAs and four
+# warps along N sharing one staged x lost at M = 1 on 34816x5120, their case (30.4 and 31.4 us
+# against 28.67; results/h200_timings_2026-12-01h_skinny_m1_34816.json). With x through the warps'
+# rings (2026-12-01, NOTES twenty-eighth session) one block per warp at depth 4 or 8 and 5 CTAs per
+# SM won every M = 4 and 8 cell of the five shapes; past one n8 tile one block at 4 CTAs per SM or
+# two at 3 won M = 16 on four of them.
+SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1))
 SKINNY_SPLITS = (1, 2, 4, 8)
 # Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
-# range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; x from global
-# memory costs four 4-byte loads per n8 tile and block instead of one 16-byte shared load (the
-# loop's SASS is the same length at one n8 tile: 299 instructions per 16 code words, sm_90a).
+# range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; the warps' rings
+# cost a 16-byte copy per lane, n8 tile and block in the loop, and an ldmatrix.
 SKINNY_STAGE_X = (True, False)
 
 

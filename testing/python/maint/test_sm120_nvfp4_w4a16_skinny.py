@@ -62,11 +62,13 @@ def test_warps_along_n_take_whole_groups_of_weight_blocks():
     assert config.shared_bytes(5120) == S(1, 1, 1, 4, 4, 5).shared_bytes(5120) - 3 * config.accumulators * 32 * 4  # no handoff
 
 
-def test_x_from_global_memory_needs_no_shared_x():
+def test_x_rings_hold_depth_blocks_per_warp():
     staged = S(8, 1, 1, 4, 4, 5)  # too much shared memory (above)
-    unstaged = staged._replace(stage_x=False)
-    skinny.check_skinny_config(unstaged, 34816, 5120, "sm_90")
-    assert staged.shared_bytes(5120) - unstaged.shared_bytes(5120) == 160 * 8 * 64  # k32 blocks x rows x 64 bytes
+    rings = staged._replace(stage_x=False)
+    skinny.check_skinny_config(rings, 34816, 5120, "sm_90")
+    # staged: k32 blocks x rows x 64 bytes; rings: warps x depth x an n8 tile of 8 rows x 64 bytes
+    assert staged.shared_bytes(5120) - rings.shared_bytes(5120) == 160 * 8 * 64 - 4 * 4 * 8 * 64
+    assert S(24, 1, 1, 4, 2, 3, False).x_elements(5120) == 4 * 2 * 3 * 8 * 32  # warps x depth x n8 tiles x a tile's elements
 
 
 def test_other_config_kinds_are_a_type_error():
@@ -109,18 +111,22 @@ def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
         config = skinny.heuristic_config(m, n, k, sm_count=132)
         assert config is not None and config.block_x >= m, (m, n, k)
         skinny.check_skinny_config(config, n, k, "sm_90")
-        assert config.stage_x == (m == 1)  # x from global memory above one row
-        if not nv.exchange_moves_whole_slots(m, skinny.X_TILE_ROWS):  # each accumulator crosses the split exchange alone
-            assert config.rows_per_warp == 1, (m, n, k, config)
+        assert config.stage_x == (m == 1)  # the warps' x rings above one row
+        assert config.rows_per_warp == 1, (m, n, k, config)
     assert skinny.heuristic_config(skinny.HEURISTIC_MAX_M + 1, n, k, sm_count=132) is None
-    # x from global memory reads rows by M: one kernel for M = 2-4 and one for M = 5-8
-    assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(2, 5)}) == 1
-    assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(5, skinny.HEURISTIC_MAX_M + 1)}) == 1
+    # the rings copy rows by M: one kernel for M = 2-8
+    assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(2, skinny.HEURISTIC_MAX_M + 1)}) == 1
 
 
 @pytest.mark.parametrize(
     "config, spills",
-    [(S(1, 1, 1, 4, 8, 6), False), (S(1, 1, 1, 4, 8, 6, False), True), (S(1, 1, 1, 4, 6, 6, False), True), (S(8, 2, 1, 4, 8, 3, False), False)],
+    [
+        (S(1, 1, 1, 4, 8, 6), False),
+        (S(1, 1, 1, 4, 8, 6, False), True),  # the x ring's registers: 8 bytes spilled
+        (S(8, 1, 1, 4, 8, 5, False), False),
+        (S(8, 2, 1, 4, 8, 3, False), False),
+        (S(16, 2, 1, 4, 8, 3, False), True),  # 4 bytes
+    ],
 )
 def test_register_estimate_against_ptxas(config, spills):
     """``registers_needed`` against what ptxas did with these configs (sm_90a, 34816x5120)."""
@@ -157,9 +163,9 @@ def test_compiles(arch, config):
     source = skinny.compile_skinny(16384, 5120, config, arch).get_kernel_source()
     call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+), (true|false), (\d+)>", source)
     assert call, "the warp body's template arguments are missing"
-    rpw, depth, bx, x_tiles, x_from_global, warp_blocks = call.groups()
+    rpw, depth, bx, x_tiles, staged, warp_blocks = call.groups()
     assert tuple(map(int, (rpw, depth, bx, x_tiles))) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
-    assert (x_from_global == "true") == (not config.stage_x)
+    assert (staged == "true") == config.stage_x
     assert int(warp_blocks) == 5120 // 32 // config.split_k // config.warps_k
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
@@ -183,7 +189,7 @@ REFERENCE_CASES = [
     (13, 14336, 5120, S(16, 1, 4, 4, 2, 4)),
     (32, 5120, 6144, S(32, 1, 8, 4, 2, 2)),
     (17, 5120, 17408, S(24, 1, 8, 4, 1, 1)),
-    # x from global memory: fewer rows than block_x, one to four n8 tiles, splits 1-8.
+    # x through the warps' rings: fewer rows than block_x, one to four n8 tiles, splits 1-8.
     (1, 34816, 5120, S(1, 1, 1, 4, 4, 5, False)),
     (6, 5120, 17408, S(8, 1, 4, 4, 2, 6, False)),
     (3, 16384, 5120, S(8, 2, 1, 4, 4, 3, False)),
@@ -192,6 +198,8 @@ REFERENCE_CASES = [
     # Rings that do not divide a warp's blocks (43 and 17 per warp: tails of 3 and 1).
     (1, 4096, 11008, S(1, 1, 2, 4, 4, 5)),
     (7, 5120, 17408, S(8, 2, 8, 4, 4, 3, False)),
+    # A ring as deep as a warp's blocks (6): no refills, an empty group of x copies after each use.
+    (2, 5120, 6144, S(4, 1, 8, 4, 6, 5, False)),
     # Warps along N: four groups of one warp, two groups of two (the K-slice handoff per group),
     # split and unsplit, x staged and not.
     (1, 34816, 5120, S(1, 1, 1, 4, 4, 5, True, 4)),
