@@ -170,11 +170,12 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # against 28.67; results/h200_timings_2026-12-01h_skinny_m1_34816.json). With x through the warps'
 # rings (2026-12-01, NOTES twenty-eighth session) one block per warp at depth 4 or 8 and 5 CTAs per
 # SM won every M = 4 and 8 cell of the five shapes; past one n8 tile one block at 4 CTAs per SM or
-# two at 3 won M = 16 on four of them. Each warp copies its x rows for its own weight blocks, so
-# more blocks per warp (four: 128 rows) copy less x per weight byte: at 32 rows a k32 block of x
-# is 2 KB against 576 bytes of a weight block's codes and scales.
+# two at 3 won M = 16 on four of them. Four blocks per warp, which copy half the x per weight byte
+# of two (at 32 rows a k32 block of x is 2 KB against a weight block's 576 bytes), lost every
+# M = 16-32 cell of the five shapes, at best 1.14x the winner's time (34816x5120 M = 16; four warps
+# at 3 CTAs per SM or two at 6; results/h200_timings_2026-12-01i_skinny_rings_m16-32.json).
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
-SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (4, 4, 2, 3, 1), (4, 2, 2, 6, 1))
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1))
 SKINNY_SPLITS = (1, 2, 4, 8)
 # Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
 # range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; the warps' rings
