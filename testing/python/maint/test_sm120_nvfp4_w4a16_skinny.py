@@ -71,6 +71,43 @@ def test_x_rings_hold_depth_blocks_per_warp():
     assert S(24, 1, 1, 4, 2, 3, False).x_elements(5120) == 4 * 2 * 3 * 8 * 32  # warps x depth x n8 tiles x a tile's elements
 
 
+def _ring_addresses():
+    """The x ring's per-lane shared-memory offsets, as the kernel source computes them (its lane-index
+    declaration and its ``fill`` and ``read`` lines, evaluated for each lane with the ring at 0)."""
+    source = skinny.SKINNY_SOURCE
+    declaration = re.search(r"const int (g = lane >> 2, c = lane & 3, [^;]*);", source).group(1)
+    fill = re.search(r"fill = base \+ ([^;]*);", source).group(1)
+    read = re.search(r"read = base \+ ([^;]*);", source).group(1)
+    lanes = []
+    for lane in range(32):
+        names = {"lane": lane}
+        for part in declaration.split(","):
+            name, expr = part.split("=", 1)
+            names[name.strip()] = eval(expr, {}, names)
+        lanes.append((eval(fill, {}, names), eval(read, {}, names)))
+    return lanes
+
+
+def test_x_ring_fills_a_tile_and_ldmatrix_reads_b_fragments():
+    """One n8 tile of a ring slot (8 rows x 32 k): lane (g, c) copies k 8c..8c+7 of row g to its
+    ``fill`` offset; ldmatrix.x4 takes matrix r's row rr from lane 8r + rr's ``read`` offset and gives
+    lane (g, t) elements 2t, 2t + 1 of row g of matrix r. That must be register r of the MMA's B
+    fragment (k 8r + 2t, +1 of row g), and each matrix's 8 rows must sit in distinct banks."""
+    lanes = _ring_addresses()
+    fills = sorted(f for f, _ in lanes)
+    assert fills == list(range(0, 512, 16)), "the 32 copies must tile the slot's 512 bytes"
+    smem = {}
+    for lane, (f, _) in enumerate(lanes):
+        g, c = lane // 4, lane % 4
+        smem[f] = [(g, 8 * c + i) for i in range(8)]  # (row, k) of each BF16
+    for r in range(4):
+        rows = [lanes[8 * r + rr][1] for rr in range(8)]
+        assert len({a // 16 % 8 for a in rows}) == 8, f"matrix {r}: two rows share banks"
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            assert smem[rows[g]][2 * t : 2 * t + 2] == [(g, 8 * r + 2 * t), (g, 8 * r + 2 * t + 1)]
+
+
 def test_other_config_kinds_are_a_type_error():
     with pytest.raises(TypeError, match="config must be a SkinnyConfig"):
         skinny.check_skinny_config(nv.FragConfig(), 34816, 5120, "sm_90")
