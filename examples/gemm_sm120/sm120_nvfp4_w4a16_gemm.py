@@ -602,13 +602,6 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 DENSE_EXCHANGE_MIN_FILL = 2  # M * this > the tile's rows: whole slots, 16 bytes at a time
 
 
-def exchange_moves_whole_slots(m, block_rows):
-    """Whether ``split_k_exchange`` moves whole slots (16 bytes at a time) at ``m`` rows of x in
-    ``block_rows``-row tiles, rather than only the real rows' accumulators one at a time. Plain
-    arithmetic: the exchange asks it of the kernel's dynamic M, the heuristics of an int."""
-    return m * DENSE_EXCHANGE_MIN_FILL > block_rows
-
-
 class PartialSlots(NamedTuple):
     """Macros moving the ``acc_size`` FP32 accumulators of each of ``threads`` threads to and from a
     partial slot (``acc_size * threads`` values, ``[acc_size / 4][threads][4]``: a warp's 16-byte
@@ -676,7 +669,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
 
     @T.macro
     def exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
-        dense = exchange_moves_whole_slots(m, block_rows)
+        dense = m * DENSE_EXCHANGE_MIN_FILL > block_rows
         if owner:
             if dense:
                 slots.store(acc, partials, tile * split_k + split_index, tx)
