@@ -600,6 +600,12 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 # CTAs without an exchange (15360x2048, unsplit) took 32.1; with slots it takes 47.7 (H200,
 # 2026-11-30m).
 DENSE_EXCHANGE_MIN_FILL = 2  # M * this > the tile's rows: whole slots, 16 bytes at a time
+# Where a thread's accumulators times the splits are at most this many, the reducing CTA of a dense
+# exchange issues every split's loads at once, the sum still in split order: 4 L2 round trips
+# became one for the skinny kernel at M = 5-8, split 4 (5-9 % of the call on 5120x6144, 4096x4096
+# and 6144x4096; H200, 2026-12-01), and 16-row fragment tiles (16 accumulators) at split 4 took 0-2
+# more registers (ptxas, sm_90a). Above it, one split at a time (see ``split_k_exchange``).
+EXCHANGE_BATCH_LOADS = 64
 
 
 class PartialSlots(NamedTuple):
@@ -661,11 +667,19 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``. ``sync()`` emits the barrier
     of the threads that take part (thread 0 among them); by default the whole CTA's.
     ``split_k_buffers`` sizes ``partials``.
+
+    Memory order, the semaphore pattern: the barrier puts the owners' partial stores before thread
+    0's ticket, whose ``acq_rel`` atomic releases them at GPU scope (release is cumulative) and
+    acquires those of the CTAs before it; the second barrier passes that on to the owners, whose
+    ``__ldcg`` loads skip L1. With a ``__threadfence`` (``MEMBAR.SC.GPU`` in every thread) before
+    the ticket and another after it, the skinny kernel's split configs took 0.2-0.35 us more per
+    call at M = 1-4 (H200, 2026-12-01, NOTES twenty-ninth session).
     """
     import tilelang.language as T
 
     sync = sync or T.sync_threads
     slots = partial_slots(acc_size, owner_threads)
+    batched = acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
     @T.macro
     def exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
@@ -677,20 +691,18 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
                 for q in T.unroll(acc_size):
                     if row_of(q) < m:
                         partials[slots.element(tile * split_k + split_index, q, tx)] = acc[q]
-        T.evaluate(T.call_extern("handle", "__threadfence"))
         sync()
         if tx == 0:
-            ticket[0] = T.atomic_add(tickets[tile], 1, return_prev=True)
+            ticket[0] = T.atomic_add(tickets[tile], 1, memory_order="acq_rel", return_prev=True)
         sync()
         if ticket[0] == split_k - 1 and owner:
-            T.evaluate(T.call_extern("handle", "__threadfence"))
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             if dense:
-                # One split at a time (#pragma unroll 1): unrolled, every split's loads went in flight
-                # together and the register count, which holds for the whole kernel, rose (16-row
-                # fragment tile at split 8: 160 against 96; ptxas, sm_90a).
-                for sk in T.unroll(split_k, annotations={"pragma_unroll_factor": 1}):
+                # Past EXCHANGE_BATCH_LOADS one split at a time (#pragma unroll 1): unrolled, every
+                # split's loads went in flight together and the register count, which holds for the
+                # whole kernel, rose (16-row fragment tile at split 8: 160 against 96; ptxas, sm_90a).
+                for sk in T.unroll(split_k, annotations=None if batched else {"pragma_unroll_factor": 1}):
                     slots.add(acc, partials, tile * split_k + sk, tx)
             else:
                 for q in T.unroll(acc_size):

@@ -208,6 +208,16 @@ def test_compiles(arch, config):
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
 
+def test_split_exchange_loads_every_split_at_once():
+    """8 accumulators x 4 splits are within EXCHANGE_BATCH_LOADS: the dense exchange (M = 5-8 of an
+    8-row block) unrolls its loop over the splits, so all its loads go out in one L2 round trip."""
+    config = S(8, 1, 4, 4, 4, 5, False)
+    assert config.accumulators * config.split_k <= sk.example.EXCHANGE_BATCH_LOADS
+    source = skinny.compile_skinny(5120, 6144, config, "sm_90").get_kernel_source()
+    pragmas = re.findall(r"(#pragma unroll(?: \d+)?)\s*\n\s*for \(int sk\b", source)
+    assert pragmas and "#pragma unroll 1" not in pragmas
+
+
 # ---------------------------------------------------------------- GPU: results
 
 

@@ -287,6 +287,26 @@ def test_kernels_compile(arch, config):
     assert "*(uint4*)(y + " in source and not re.findall(r"\by\[", source)
 
 
+def split_loops(source: str) -> list:
+    """The unroll pragma before each loop over the splits in a kernel's CUDA source."""
+    return re.findall(r"(#pragma unroll(?: \d+)?)\s*\n\s*for \(int sk\b", source)
+
+
+@pytest.mark.parametrize("split_k", [4, 8])
+def test_split_exchange_orders_by_one_acq_rel_ticket(split_k):
+    """No fence: the ticket's acq_rel atomic orders the partials (TileLang passes the memory order as
+    an int, cuda::std::memory_order_acq_rel = 4). A 16-row fragment tile holds 16 accumulators per
+    thread: at split 4 they are within EXCHANGE_BATCH_LOADS and the dense exchange's loop over the
+    splits unrolls, at split 8 it adds one split at a time."""
+    config = COMPILE_CONFIGS[0]._replace(split_k=split_k)
+    batched = 16 * split_k <= nv.EXCHANGE_BATCH_LOADS
+    source = nv.compile_kernel(5120, 6144, config, "sm_90").get_kernel_source()
+    assert "__threadfence" not in source
+    assert re.findall(r"AtomicAddRet\(\(&\(tickets\[[^]]*\]\)\), 1, (\d)\)", source) == ["4"]
+    pragmas = split_loops(source)
+    assert pragmas and ("#pragma unroll 1" not in pragmas) == batched
+
+
 def test_parallel_precompile_runs_on_a_cpu_machine():
     """The GPU fixtures and the tuner rely on it; here it must work without a GPU."""
     nv.precompile({(384, 768, nv.FragConfig(16, 128, 128, split_k=2, stages=2))}, "sm_120")
