@@ -602,9 +602,10 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 DENSE_EXCHANGE_MIN_FILL = 2  # M * this > the tile's rows: whole slots, 16 bytes at a time
 # Where a thread's accumulators times the splits are at most this many, the reducing CTA of a dense
 # exchange issues every split's loads at once, the sum still in split order: 4 L2 round trips
-# became one for the skinny kernel at M = 5-8, split 4 (5-9 % of the call on 5120x6144, 4096x4096
-# and 6144x4096; H200, 2026-12-01), and 16-row fragment tiles (16 accumulators) at split 4 took 0-2
-# more registers (ptxas, sm_90a). Above it, one split at a time (see ``split_k_exchange``).
+# became one for the skinny kernel at M = 5-8, split 4 (3.5-4.5 % of the call at M = 8 on
+# 5120x6144, 4096x4096 and 6144x4096; H200, 2026-12-01, results/h200_ab_2026-12-01k_exchange_batch.json
+# in maint/gemm/gemm_sm120), and 16-row fragment tiles (16 accumulators) at split 4 took 0-2 more
+# registers (ptxas, sm_90a). Above it, one split at a time (see ``split_k_exchange``).
 EXCHANGE_BATCH_LOADS = 64
 
 
