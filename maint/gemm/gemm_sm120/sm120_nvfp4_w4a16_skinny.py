@@ -563,7 +563,7 @@ def compile_skinny(n: int, k: int, config: SkinnyConfig, arch: str):
     import tilelang
 
     check_skinny_config(config, n, k, arch)
-    target_arch = "sm_90a" if arch == "sm_90" else arch
+    target_arch = hopper.WGMMA_ARCH if arch == "sm_90" else arch
     return tilelang.compile(build_skinny_kernel(n, k, config), target={"kind": "cuda", "arch": target_arch}, pass_configs=example.PASS_CONFIGS)
 
 
