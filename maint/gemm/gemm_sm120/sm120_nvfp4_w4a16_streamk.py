@@ -238,8 +238,7 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
             if tx == 0:
                 while T.atomic_load(tickets[tile], memory_order="acquire") // WRITTEN < last_cta - first_cta:
                     T.evaluate(0)
-            sync()
-            T.evaluate(T.call_extern("handle", "__threadfence"))
+            sync()  # after thread 0's acquire: the pieces written before each WRITTEN release are visible
             if g == first_cta + 1:
                 slots.add(acc, partials, slot_of(first_cta, tile_begin, iterations, grid), tx)
             elif g > first_cta + 1:
@@ -253,10 +252,9 @@ def streamk_fixup(acc_size: int, threads: int, k_tiles: int, sync=None):
                 tickets[tile] = 0
         else:
             slots.store(acc, partials, slot_of(g, tile_begin, iterations, grid), tx)
-            T.evaluate(T.call_extern("handle", "__threadfence"))
             sync()
-            if tx == 0:
-                T.atomic_add(tickets[tile], WRITTEN)
+            if tx == 0:  # release (cumulative): the CTA's piece, ordered before it by the barrier
+                T.atomic_add(tickets[tile], WRITTEN, memory_order="release")
 
     return fixup
 

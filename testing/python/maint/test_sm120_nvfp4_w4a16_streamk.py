@@ -4,6 +4,7 @@ FP32 reference with the bounds of DESIGN.md section 8."""
 
 import json
 import pathlib
+import re
 import sys
 
 import pytest
@@ -165,6 +166,16 @@ def test_streamk_compiles(arch, n, k, config):
     source = sk.compile_streamk(n, k, config, arch).get_kernel_source()
     assert "mul.rn.bf16x2" in source and "cp_async" in source and "AtomicAddRet" in source
     assert source.count("__syncthreads()") == 4  # one per k tile; after the arrival, and after the wait or the write
+
+
+def test_streamk_fixup_orders_pieces_by_release_and_acquire():
+    """No fence in the fix-up: a writer's WRITTEN add is a release after the barrier (TileLang passes
+    the order as an int, cuda::std::memory_order_release = 3) and the reducer polls with an acquire
+    (2); release is cumulative over the CTA's piece, which the barrier orders before it."""
+    source = sk.compile_streamk(5120, 6144, sk.StreamKConfig(), "sm_90").get_kernel_source()
+    assert "__threadfence" not in source
+    assert re.findall(r"AtomicAdd\(\(&\(tickets\[[^]]*\]\)\), 65536, (\d)\)", source) == ["3"]
+    assert re.findall(r"AtomicLoad\(\(&\(tickets\[[^]]*\]\)\), (\d)\)", source) == ["2"]
 
 
 def test_assume_positive_grid_removes_sign_fixups():
