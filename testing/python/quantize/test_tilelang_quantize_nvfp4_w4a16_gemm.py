@@ -425,6 +425,27 @@ def test_cuda_graph_replays_match_eager(gpu_case, m):
     assert nv.graph_replays_match_eager(lambda x: nv.nvfp4_w4a16_linear(x, w), x)
 
 
+def _timer_with_replays(monkeypatch, replay_us):
+    """A GraphTimer of 4 calls with separators whose replays take ``replay_us`` in turn (calls and
+    separators alternating), without a GPU."""
+    timer = object.__new__(nv.GraphTimer)
+    timer.calls, timer.graph, timer.separators = 4, "calls", "separators"
+    times = iter(replay_us)
+    monkeypatch.setattr(nv.GraphTimer, "_replay_us", staticmethod(lambda graph, repeats: next(times)))
+    return timer
+
+
+def test_graph_timer_measures_again_when_separators_outlast_the_calls(monkeypatch):
+    timer = _timer_with_replays(monkeypatch, [40.0, 48.0, 140.0, 40.0])  # first: -2 us per call
+    assert timer.per_call_us() == 25.0
+
+
+def test_graph_timer_refuses_a_timing_that_stays_negative(monkeypatch):
+    timer = _timer_with_replays(monkeypatch, [40.0, 48.0] * nv.TIMING_ATTEMPTS)
+    with pytest.raises(RuntimeError, match="timing failed"):
+        timer.per_call_us()
+
+
 @needs_gpu
 def test_graph_timer_heat_replays_before_timing():
     """``per_call_us(heat_ms=...)`` replays the graph for about that long before the timed replays
