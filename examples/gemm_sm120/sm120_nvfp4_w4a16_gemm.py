@@ -1092,6 +1092,10 @@ class _Workspace:
 
 
 _WORKSPACES: dict[torch.device, _Workspace] = {}
+# Workspaces outgrown by a larger weight, kept alive: a CUDA graph captured before the growth still
+# launches with their tickets, which reset themselves as the new ones do. Freed, their memory would
+# go to other tensors, and a split-K launch replayed from such a graph would count on it.
+_OUTGROWN_WORKSPACES: list[_Workspace] = []
 
 
 def _tickets_needed(n: int) -> int:
@@ -1106,6 +1110,8 @@ def _ensure_workspace(device: torch.device, tickets: int) -> _Workspace:
                 f"the split-K workspace for {device} must be created outside a CUDA-graph capture: "
                 "call prepare_nvfp4_weight on this device before capturing"
             )
+        if ws is not None:
+            _OUTGROWN_WORKSPACES.append(ws)
         ws = _WORKSPACES[device] = _Workspace(
             tickets=torch.zeros(max(tickets, 1), dtype=torch.int32, device=device),
             no_partials=torch.zeros(1, dtype=torch.float32, device=device),

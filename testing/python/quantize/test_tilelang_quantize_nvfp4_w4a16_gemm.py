@@ -480,6 +480,43 @@ def test_first_call_inside_a_graph_sharing_a_pool():
     assert_ok(nv.compare_with_reference(y, nv.reference_nvfp4_linear(x, packed, scales, alpha)))
 
 
+def test_outgrown_workspace_stays_alive(monkeypatch):
+    """A larger weight replaces the device's workspace; the old one is kept for the graphs that were
+    captured with it (CPU tensors stand in for the device's)."""
+    monkeypatch.setattr(nv, "_WORKSPACES", {})
+    monkeypatch.setattr(nv, "_OUTGROWN_WORKSPACES", [])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu = torch.device("cpu")
+    small = nv._ensure_workspace(cpu, 8)
+    assert nv._ensure_workspace(cpu, 8) is small and not nv._OUTGROWN_WORKSPACES
+    large = nv._ensure_workspace(cpu, 64)
+    assert large.tickets.numel() == 64 and nv._OUTGROWN_WORKSPACES == [small]
+    assert nv._ensure_workspace(cpu, 16) is large
+
+
+@needs_gpu
+def test_graph_captured_before_a_larger_weight_still_matches_eager():
+    """A split-K graph captured before a larger weight grew the workspace replays correctly after it."""
+    n, k, config = 512, 1024, nv.FragConfig(16, 128, 128, split_k=4, stages=2)
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+    nv.nvfp4_w4a16_linear(x, w, config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nv.nvfp4_w4a16_linear(x, w, config)
+    tickets = nv._WORKSPACES[w.device].tickets
+    nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(tickets.numel() // (nv.MAX_M_PER_LAUNCH // 16) * nv.FRAG_N * 2, 256, "cuda"))
+    assert nv._WORKSPACES[w.device].tickets is not tickets  # grown
+    padding = torch.full((tickets.numel(),), 7, dtype=torch.int32, device="cuda")  # what reused memory would hold
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, nv.nvfp4_w4a16_linear(x, w, config))
+    del padding
+
+
 @needs_gpu
 def test_capture_that_needs_a_new_workspace_raises():
     """The workspace is made by prepare_nvfp4_weight; a capture must never allocate it."""
