@@ -1337,6 +1337,9 @@ class GraphTimer:
         for call in calls:  # compile and warm up outside the capture
             call()
         torch.cuda.synchronize()
+        # A graph holds its tensors' addresses, not the tensors: the calls (and the x, weights and
+        # outputs they close over) live as long as the timer, however the caller drops its own.
+        self.captured_calls = (calls, separator)
         self.calls = len(calls)
         self.graph = self._capture([c for call in calls for c in (call, separator) if c is not None])
         self.separators = self._capture([separator] * len(calls)) if separator is not None else None

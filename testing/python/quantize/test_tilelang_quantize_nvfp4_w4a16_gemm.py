@@ -435,6 +435,19 @@ def _timer_with_replays(monkeypatch, replay_us):
     return timer
 
 
+def test_graph_timer_keeps_the_captured_tensors_alive(monkeypatch):
+    """The caller may drop x and the weights once the timer exists: the graph still reads them."""
+    import weakref
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(nv.GraphTimer, "_capture", staticmethod(lambda fns: "graph"))
+    x = torch.zeros(4)
+    alive = weakref.ref(x)
+    timer = nv.GraphTimer([lambda x=x: x.add_(1.0)], lambda: None)
+    del x
+    assert alive() is not None and timer.calls == 1
+
+
 def test_graph_timer_measures_again_when_separators_outlast_the_calls(monkeypatch):
     timer = _timer_with_replays(monkeypatch, [40.0, 48.0, 140.0, 40.0])  # first: -2 us per call
     assert timer.per_call_us() == 25.0
