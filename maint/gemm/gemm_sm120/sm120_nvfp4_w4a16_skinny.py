@@ -123,6 +123,10 @@ class SkinnyConfig(NamedTuple):
         """k32 blocks of a warp's K slice."""
         return self.cta_blocks(k) // self.warps_k
 
+    def depth_within(self, k: int) -> "SkinnyConfig":
+        """This config with its ring no deeper than a warp's k32 blocks at this K (at least 1)."""
+        return self._replace(depth=max(1, min(self.depth, self.warp_blocks(k))))
+
     def x_elements(self, k: int) -> int:
         """BF16 elements of x in shared memory: the CTA's rows in fragment order (64 bytes per row and
         k32 block) if staged, else the warps' rings (an n8 tile of a k32 block per tile and slot)."""
@@ -206,7 +210,7 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     while n // example.FRAG_N * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
     config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, 1, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, HEURISTIC_CTAS_PER_SM, stage_x=m == 1)
-    config = config._replace(depth=min(HEURISTIC_MAX_DEPTH, config.warp_blocks(k)))
+    config = config.depth_within(k)
     try:
         check_skinny_config(config, n, k, "sm_90")
     except ValueError:

@@ -196,8 +196,7 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
     for (rows, warps, depth, ctas, warps_n), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
-        config = skinny.SkinnyConfig(block_x, rows, split, warps, depth, ctas, stage_x, warps_n)
-        config = config._replace(depth=max(1, min(depth, config.warp_blocks(k))))
+        config = skinny.SkinnyConfig(block_x, rows, split, warps, depth, ctas, stage_x, warps_n).depth_within(k)
         config = config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch))))
         if config.registers_needed() <= config.registers():
             out.append(config)
