@@ -176,11 +176,13 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # at 3 CTAs per SM or two at 6; results/h200_timings_2026-12-01i_skinny_rings_m16-32.json).
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1))
-# Odd splits fill SMs that powers of two leave empty where K allows them (``fits``): 5120x6144 (192
-# k32 blocks) split 3 ran M = 16 in 10.33 us against 10.81 at split 2, and M = 5-8 in 8.81 against
-# 8.89 at split 4; split 5 (K = 5120) won no M = 16 cell, its exchange of 32 accumulators per thread
-# cost more than the fuller waves gave (H200, 2026-12-01l).
-SKINNY_SPLITS = (1, 2, 3, 4, 5, 8)
+# Split 3 fills SMs that powers of two leave empty where K allows it (``fits``): 5120x6144 (192 k32
+# blocks) split 3 ran M = 16 in 10.33 us against 10.81 at split 2, and M = 5-8 in 8.81 against 8.89
+# at split 4 (H200, 2026-12-01l). Split 5 (K = 5120) is not offered: it lost every cell it was raced
+# in, M = 16 on 34816x5120 and 14336x5120 (its exchange of 32 accumulators per thread cost more than
+# the fuller waves gave) and M = 1, 4, 8 on the four K = 5120 shapes, at best 1.16x the winner's
+# time (results/h200_timings_2026-12-01m_odd_splits_m1-8.json).
+SKINNY_SPLITS = (1, 2, 3, 4, 8)
 # Staged x costs each CTA a prologue and 64 bytes of shared memory per row and k32 block of its K
 # range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; the warps' rings
 # cost a 16-byte copy per lane, n8 tile and block in the loop, and an ldmatrix.
