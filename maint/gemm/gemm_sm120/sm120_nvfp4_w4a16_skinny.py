@@ -184,18 +184,28 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
         raise ValueError(f"config {config} does not fit N={n}, K={k}: " + "; ".join(problems))
 
 
-# Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed). Fitted to
-# what the tuner took on the H200 at M = 1-8 (2026-12-01, the five default shapes,
-# tuned/sm_90-132sm.json): four warps of one 32-row weight block each, 5 CTAs per SM; x staged at
-# M = 1, else through the warps' rings (one kernel serves M = 2-8: the ring copies rows by M); the
-# smallest power-of-two split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; depth 4.
-# With the rings, one block per warp beat two in all ten M = 4 and 8 cells of the five shapes
-# (H200, 2026-12-01, NOTES twenty-eighth session), where x from global memory had needed two at
-# M = 5-8 to halve its loads.
-HEURISTIC_MAX_M = X_TILE_ROWS
-HEURISTIC_MIN_CTAS_PER_SM = 3
+# Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed): four
+# warps of one 32-row weight block each, 5 CTAs per SM; x staged at M = 1, else through the warps'
+# rings (one kernel serves M = 2-8 and one M = 9-16: the rings copy rows by M); the smallest
+# power-of-two split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; a ring of
+# HEURISTIC_DEEP_RING k32 blocks where a warp's K slice has HEURISTIC_DEEP_MIN_BLOCKS or more and x
+# fits one n8 tile, else HEURISTIC_RING (8 deep at 16 rows needs more registers than 5 CTAs leave).
+# Fitted to the tuner's timings on the H200 (2026-12-01; the five default shapes at M = 1, 4, 8, 16
+# and four untuned ones, 4096x4096, 11008x4096, 4096x11008 and 6144x4096, at M = 1, 8, 16:
+# results/h200_timings_2026-12-01{l_skinny_retune,m_odd_splits_m1-8,n_skinny_m16,p_untuned_skinny_m1-16}.json).
+# Over those 32 cells the rule's configs take 1.016x the winners' summed time (at most 1.10x, 4096x4096
+# M = 16), where the rule before (3 CTAs per SM, depth 4, M <= 8; the wgmma kernels at M = 9-16) took
+# 1.044x at M <= 8 and up to 1.39x per cell on the untuned shapes: 6144x4096 M = 8 ran 10.93 us at
+# split 4 (768 CTAs, 1.16 waves of 660 slots) against 7.89 at split 2, 11008x4096 M = 8 13.18 at
+# split 2 against 10.35 unsplit and 8 deep. At M = 9-16 the skinny kernel beat the wgmma kernel's
+# heuristic on three of the four untuned shapes (11008x4096 12.28 us against 13.79, 4096x11008 14.64
+# against 16.52, 6144x4096 8.96 against 10.47) and lost 4096x4096 (8.58 against 8.23).
+HEURISTIC_MAX_M = 2 * X_TILE_ROWS
+HEURISTIC_MIN_CTAS_PER_SM = 2.5
 HEURISTIC_WARPS = 4
-HEURISTIC_MAX_DEPTH = 4
+HEURISTIC_RING = 4
+HEURISTIC_DEEP_RING = 8
+HEURISTIC_DEEP_MIN_BLOCKS = 32
 HEURISTIC_CTAS_PER_SM = 5
 HEURISTIC_MAX_SPLIT = 8
 
@@ -209,7 +219,10 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     split = 1
     while n // example.FRAG_N * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
-    config = SkinnyConfig(1 if m == 1 else X_TILE_ROWS, 1, split, HEURISTIC_WARPS, HEURISTIC_MAX_DEPTH, HEURISTIC_CTAS_PER_SM, stage_x=m == 1)
+    block_x = 1 if m == 1 else X_TILE_ROWS if m <= X_TILE_ROWS else HEURISTIC_MAX_M
+    config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, HEURISTIC_CTAS_PER_SM, stage_x=m == 1)
+    if block_x <= X_TILE_ROWS and config.warp_blocks(k) >= HEURISTIC_DEEP_MIN_BLOCKS:
+        config = config._replace(depth=HEURISTIC_DEEP_RING)
     config = config.depth_within(k)
     try:
         check_skinny_config(config, n, k, "sm_90")

@@ -3,6 +3,7 @@ weights into registers as the MMA's A operand: its config checks, its tuner cand
 sm_90 and sm_120, and (on a GPU) results against the FP32 reference (DESIGN.md section 8), splits,
 CUDA-graph replays and the rows it refuses."""
 
+import json
 import pathlib
 import re
 import sys
@@ -143,16 +144,56 @@ UNTUNED_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (6144, 4096), (640
 
 
 @pytest.mark.parametrize("n, k", DEFAULT_SHAPES + UNTUNED_SHAPES)
-def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
+def test_heuristic_configs_fit_up_to_two_n8_tiles(n, k):
     for m in range(1, skinny.HEURISTIC_MAX_M + 1):
         config = skinny.heuristic_config(m, n, k, sm_count=132)
         assert config is not None and config.block_x >= m, (m, n, k)
         skinny.check_skinny_config(config, n, k, "sm_90")
         assert config.stage_x == (m == 1)  # the warps' x rings above one row
         assert config.rows_per_warp == 1, (m, n, k, config)
+        assert config.registers_needed() <= config.registers(), config
+        # the smallest power-of-two split that reaches the CTA target, or the largest K allows
+        target, ctas = skinny.HEURISTIC_MIN_CTAS_PER_SM * 132, n // nv.FRAG_N * config.split_k
+        can_double = config.split_k < skinny.HEURISTIC_MAX_SPLIT and k // nv.FRAG_K % (2 * config.split_k * config.warps) == 0
+        assert (ctas >= target or not can_double) and (config.split_k == 1 or ctas // 2 < target), config
+        deep = config.block_x <= skinny.X_TILE_ROWS and config.warp_blocks(k) >= skinny.HEURISTIC_DEEP_MIN_BLOCKS
+        assert config.depth == min(skinny.HEURISTIC_DEEP_RING if deep else skinny.HEURISTIC_RING, config.warp_blocks(k)), config
     assert skinny.heuristic_config(skinny.HEURISTIC_MAX_M + 1, n, k, sm_count=132) is None
-    # the rings copy rows by M: one kernel for M = 2-8
-    assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in range(2, skinny.HEURISTIC_MAX_M + 1)}) == 1
+    # the rings copy rows by M: one kernel for M = 2-8 and one for M = 9-16
+    for rows in (range(2, skinny.X_TILE_ROWS + 1), range(skinny.X_TILE_ROWS + 1, skinny.HEURISTIC_MAX_M + 1)):
+        assert len({skinny.heuristic_config(m, n, k, sm_count=132) for m in rows}) == 1
+
+
+# The tuner's timings the heuristic was fitted to (H200), newest first: a cell takes the first file's.
+HEURISTIC_TIMINGS = [
+    "h200_timings_2026-12-01p_untuned_skinny_m1-16.json",
+    "h200_timings_2026-12-01m_odd_splits_m1-8.json",
+    "h200_timings_2026-12-01n_skinny_m16.json",
+    "h200_timings_2026-12-01l_skinny_retune.json",
+]
+HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells (1.016 when fitted)
+
+
+def test_heuristic_against_the_tuner_timings():
+    """In each of the 32 cells (the five default shapes at M = 1, 4, 8, 16, four others at M = 1, 8,
+    16) the tuner timed the rule's config, and over all of them it takes at most HEURISTIC_FIT x the
+    winners' summed time. The rule's M = 2-8 config holds 8 rows and was timed as the same kernel at
+    ``block_x_for(m)`` (one n8 tile either way; the rings copy rows by M)."""
+    cells = {}
+    for name in HEURISTIC_TIMINGS:
+        timed = {}
+        for e in json.loads((ROOT / "maint/gemm/gemm_sm120/results" / name).read_text())["timings"]:
+            cell = (e["n"], e["k"], e["m"])
+            if cell not in cells and e["m"] in (1, 4, 8, 16):
+                timed.setdefault(cell, {})[sk.config_from_json(e)] = e.get("final_us") or e["us"]
+        cells.update(timed)
+    ours = best = 0.0
+    for (n, k, m), times in cells.items():
+        config = skinny.heuristic_config(m, n, k, sm_count=132)
+        timed_as = config._replace(block_x=skinny.block_x_for(m)) if 1 < m <= skinny.X_TILE_ROWS else config
+        assert timed_as in times, ((n, k, m), config)
+        ours, best = ours + times[timed_as], best + min(times.values())
+    assert len(cells) == 32 and ours <= HEURISTIC_FIT * best, (len(cells), ours, best)
 
 
 @pytest.mark.parametrize(
@@ -163,6 +204,7 @@ def test_heuristic_configs_fit_up_to_an_n8_tile(n, k):
         (S(8, 1, 1, 4, 8, 5, False), False),
         (S(8, 2, 1, 4, 8, 3, False), False),
         (S(16, 2, 1, 4, 8, 3, False), True),  # 4 bytes
+        (S(16, 1, 1, 4, 4, 5, False), False),  # the heuristic's 16 rows: 96 registers
     ],
 )
 def test_register_estimate_against_ptxas(config, spills):
@@ -270,7 +312,9 @@ def test_matches_reference(m, n, k, config):
 
 
 @needs_gpu
-@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (5, 4096, 11008), (8, 11008, 4096), (3, 6144, 4096), (4, 4096, 4096)])
+@pytest.mark.parametrize(
+    "m, n, k", [(1, 4096, 4096), (5, 4096, 11008), (8, 11008, 4096), (3, 6144, 4096), (4, 4096, 4096), (9, 4096, 11008), (12, 6144, 4096), (16, 11008, 4096)]
+)
 def test_heuristic_configs_match_reference(m, n, k):
     config = skinny.heuristic_config(m, n, k, sm_count=132)
     assert_ok(nv.verify(m, n, k, config=config, seed=m, linear=sk.nvfp4_w4a16_linear))
