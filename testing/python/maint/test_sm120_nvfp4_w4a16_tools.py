@@ -268,6 +268,30 @@ def test_tuner_final_race_rotates_the_order_and_keeps_each_configs_best_round(mo
     assert final[0][1] == 0 and 9 not in [c for _, c in final]
 
 
+def test_tuner_final_race_breaks_close_calls_with_more_rounds(monkeypatch):
+    """Finalists within ``CLOSE_CALL`` of the fastest race again, ``TIEBREAK_ROUNDS`` rounds among
+    themselves, and rank by that race ahead of the rest. Config 0 has one lucky round (10.00 us,
+    then 10.60), config 1 runs 10.05 every time (within 1 %), config 2 11.0: the tie-break puts 1
+    first."""
+    replays = []
+
+    class FakeTimer:
+        def __init__(self, config):
+            self.config = config
+
+        def per_call_us(self, heat_ms=0.0):
+            replays.append(self.config)
+            if self.config == 0:
+                return 10.0 if replays.count(0) == 1 else 10.6
+            return {1: 10.05, 2: 11.0, 3: 12.0}[self.config]
+
+    monkeypatch.setattr(tune, "graph_timer", lambda x, weights, config: FakeTimer(config))
+    final = tune.final_race(None, None, [(9.0, 0), (9.1, 1), (9.2, 2), (9.3, 3)])
+    first_rounds = tune.FINAL_ROUNDS * tune.FINALISTS
+    assert sorted(replays[first_rounds:]) == sorted([0, 1] * tune.TIEBREAK_ROUNDS)  # only the close pair again
+    assert final == [(10.05, 1), (10.6, 0), (11.0, 2), (12.0, 3)]
+
+
 def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     """``--twins FIELD=VALUE[,...]``: integers and booleans; a twin is the dispatch's config with those
     fields changed, left out where the config has no such field or the twin does not fit."""
