@@ -136,11 +136,9 @@ class SkinnyConfig(NamedTuple):
         return self.warps * self.depth * self.x_tiles * X_TILE_ROWS * 32
 
     def shared_bytes(self, k: int) -> int:
-        """x (``x_elements``) and the zero slot, or the warps' handoff where that is larger, and 16
-        bytes for the exchange's ticket. TileLang lays the handoff (and the ticket) over x, whose last
-        use is the loop, behind a barrier it inserts before the handoff's writes (checked by a test)."""
+        """x (``x_elements``), the zero slot, the warps' handoff, the exchange's ticket."""
         handoff = (self.warps - self.warps_n) * self.accumulators * 32 * 4
-        return max(self.x_elements(k) * 2 + ZERO_SLOT_BYTES, handoff) + 16
+        return self.x_elements(k) * 2 + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
         """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8). An SM deals
