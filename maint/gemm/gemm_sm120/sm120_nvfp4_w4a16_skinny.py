@@ -57,7 +57,6 @@ DEQUANT_REGISTERS = 16  # one weight block's dequantized words (nvfp4_dequant_bl
 # and what else ptxas took for them; fitted to ptxas -v (sm_90a, 2026-12-01): 12 let a config that
 # spilled 4 bytes pass, 13 flags it.
 X_RING_REGISTERS = 13
-SM_PARTITIONS = 4  # sub-partitions (warp schedulers) per SM, each with a quarter of the registers
 SMEM_PER_CTA = {"sm_90": hopper.SM90_SMEM_PER_CTA, "sm_120": example.SM120_SMEM_PER_CTA}
 SMEM_PER_SM = {"sm_90": hopper.SM90_SMEM_PER_SM, "sm_120": example.SM120_SMEM_PER_SM}
 ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
@@ -141,12 +140,8 @@ class SkinnyConfig(NamedTuple):
         return self.x_elements(k) * 2 + ZERO_SLOT_BYTES + handoff + 16
 
     def registers(self) -> int:
-        """Registers per thread that ``ctas_per_sm`` CTAs leave (allocated in steps of 8). An SM deals
-        its warps to four sub-partitions, each with a quarter of the register file, so the fullest
-        one decides: nine 2-warp CTAs (18 warps) get 96, as 20 warps would, not 112 (ptxas -v, sm_90a)."""
-        warps_per_partition = -(-self.ctas_per_sm * self.warps // SM_PARTITIONS)
-        per_thread = hopper.SM_REGISTERS // SM_PARTITIONS // (warps_per_partition * 32)
-        return per_thread // hopper.REGISTER_STEP * hopper.REGISTER_STEP
+        """Registers per thread that ``ctas_per_sm`` CTAs leave (``hopper.registers_per_thread``)."""
+        return hopper.registers_per_thread(self.warps, self.ctas_per_sm)
 
     def registers_needed(self) -> int:
         """What the loop holds at once per thread: the ring (codes 4 and scales 2 per weight block

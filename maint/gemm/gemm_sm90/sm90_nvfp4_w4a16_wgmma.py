@@ -87,11 +87,23 @@ CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific target
 
 
+SM_PARTITIONS = 4  # sub-partitions (warp schedulers) per SM, each with a quarter of the registers
+
+
+def registers_per_thread(warps: int, ctas_per_sm: int) -> int:
+    """Registers per thread that ``ctas_per_sm`` CTAs of ``warps`` warps leave on an SM
+    (``__launch_bounds__``), in steps of REGISTER_STEP. The SM deals its warps to its sub-partitions,
+    so the fullest one decides: nine 2-warp CTAs (18 warps) get 96, as 20 warps would, not the 112
+    of the whole file over 18 warps (ptxas -v, sm_90a). Whole warpgroups fill them evenly."""
+    warps_per_partition = -(-ctas_per_sm * warps // SM_PARTITIONS)
+    per_thread = SM_REGISTERS // SM_PARTITIONS // (warps_per_partition * 32)
+    return per_thread // REGISTER_STEP * REGISTER_STEP
+
+
 def launch_registers(warpgroups: int, ctas_per_sm: int) -> int:
     """Registers per thread a CTA of ``warpgroups`` consumer warpgroups and a producer launches
     with, ``ctas_per_sm`` of them per SM (``__launch_bounds__``)."""
-    threads = WARPGROUP_THREADS * (warpgroups + 1)
-    return SM_REGISTERS // (ctas_per_sm * threads) // REGISTER_STEP * REGISTER_STEP
+    return registers_per_thread(WARPGROUP_THREADS // 32 * (warpgroups + 1), ctas_per_sm)
 
 
 def consumer_registers(warpgroups: int, ctas_per_sm: int, producer_registers: int = PRODUCER_REGISTERS) -> int:
