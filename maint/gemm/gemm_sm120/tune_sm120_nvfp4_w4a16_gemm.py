@@ -180,7 +180,12 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # / 12 in 32.5 / 34.3 against 34.6 / 35.0, but M = 16 in 36.3 against 35.2 (H200, 2026-12-01o, one
 # process, 7 rounds; results/h200_ab_2026-12-01o_skinny_m9-16.json).
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
-SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1))
+# Two blocks per warp at depth 2 and 5 CTAs per SM (96 registers, no spill at 16 rows; the estimate
+# says 98): 34816x5120 M = 16 in 34.0 us against 36.3 for the table's two blocks at depth 4 and 3 CTAs
+# per SM, its 544 CTAs in one wave of 660 slots instead of 1.37 waves of 396; one block at depth 8 and
+# 5 CTAs per SM and two blocks at depth 4 and 4 CTAs per SM, raced beside it, won no cell of the five
+# shapes at M = 12 or 16 (H200, 2026-12-01r; results/h200_timings_2026-12-01r_skinny_m12-16_wide_shapes.json).
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (2, 4, 2, 5, 1))
 # Split 3 fills SMs that powers of two leave empty where K allows it (``fits``): 5120x6144 (192 k32
 # blocks) split 3 ran M = 16 in 10.33 us against 10.81 at split 2, and M = 5-8 in 8.81 against 8.89
 # at split 4 (H200, 2026-12-01l). Split 5 (K = 5120) is not offered: it lost every cell it was raced
