@@ -174,11 +174,15 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # of two (at 32 rows a k32 block of x is 2 KB against a weight block's 576 bytes), lost every
 # M = 16-32 cell of the five shapes, at best 1.14x the winner's time (34816x5120 M = 16; four warps
 # at 3 CTAs per SM or two at 6; results/h200_timings_2026-12-01i_skinny_rings_m16-32.json).
-# One block at 5 CTAs per SM (96 registers, no spills at 16 rows; 24 need more) evens out grids
-# that two blocks at 3 per SM leave ragged: 5120x17408 (320 CTAs of two blocks on 396 slots, 640 of
-# one on 660) M = 9 / 12 / 16 in 19.2 / 19.7 / 21.0 us against 22.2 / 22.2 / 22.4, 34816x5120 M = 9
-# / 12 in 32.5 / 34.3 against 34.6 / 35.0, but M = 16 in 36.3 against 35.2 (H200, 2026-12-01o, one
-# process, 7 rounds; results/h200_ab_2026-12-01o_skinny_m9-16.json).
+# One block at 5 CTAs per SM (96 registers, no spills at 16 or 24 rows) evens out grids that two
+# blocks at 3 per SM leave ragged: 5120x17408 (320 CTAs of two blocks on 396 slots, 640 of one on
+# 660) M = 9 / 12 / 16 in 19.2 / 19.7 / 21.0 us against 22.2 / 22.2 / 22.4, 34816x5120 M = 9 / 12 in
+# 32.5 / 34.3 against 34.6 / 35.0, but M = 16 in 36.3 against 35.2 (H200, 2026-12-01o, one process,
+# 7 rounds; results/h200_ab_2026-12-01o_skinny_m9-16.json); 5120x17408 M = 17 in 24.1 against 25.8
+# (2026-12-01r). Not offered, having lost every cell raced at M = 12-32 (2026-12-01r): one- and
+# two-warp CTAs, which spread 34816x5120 evenly over the SMs and still took 1.02-2.0x the table's
+# time (results/h200_ab_2026-12-01r_narrow_ctas.json), and two warp groups along N at 5 CTAs per SM
+# (results/h200_timings_2026-12-01r_skinny_warps_n2.json).
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
 # Two blocks per warp at depth 2 and 5 CTAs per SM (96 registers, no spill at 16 rows; the estimate
 # says 98): 34816x5120 M = 16 in 34.0 us against 36.3 for the table's two blocks at depth 4 and 3 CTAs
