@@ -146,9 +146,10 @@ class SkinnyConfig(NamedTuple):
     def registers_needed(self) -> int:
         """What the loop holds at once per thread: the ring (codes 4 and scales 2 per weight block
         and slot), one block's dequantized words, the accumulators and, with the warps' x rings,
-        ``X_RING_REGISTERS`` per n8 tile. Against ptxas -v (sm_90a, 2026-12-01): it exceeds
-        ``registers()`` for every config measured that spilled, and for a few that did not (4 of 99
-        ring configs at M = 1-32 on 34816x5120 and 5120x6144; NOTES, twenty-eighth session)."""
+        ``X_RING_REGISTERS`` per n8 tile. An estimate: against ptxas -v (sm_90a, 2026-12-01) on 96
+        ring configs of 8-32 rows on 34816x5120 it put five that fitted up to 12 registers over the
+        budget and one that spilled 8 bytes under it (NOTES, thirty-third session), so the tuner
+        races configs within its ``SKINNY_REGISTER_SLACK``."""
         x_ring = 0 if self.stage_x else X_RING_REGISTERS * self.x_tiles
         return self.depth * self.rows_per_warp * 6 + DEQUANT_REGISTERS + self.accumulators + x_ring
 
