@@ -181,8 +181,9 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # 7 rounds; results/h200_ab_2026-12-01o_skinny_m9-16.json); 5120x17408 M = 17 in 24.1 against 25.8
 # (2026-12-01r). Not offered, having lost every cell raced at M = 12-32 (2026-12-01r): one- and
 # two-warp CTAs, which spread 34816x5120 evenly over the SMs and still took 1.02-2.0x the table's
-# time (results/h200_ab_2026-12-01r_narrow_ctas.json), and two warp groups along N at 5 CTAs per SM
-# (results/h200_timings_2026-12-01r_skinny_warps_n2.json).
+# time (results/h200_ab_2026-12-01r_narrow_ctas.json), two warp groups along N at 5 CTAs per SM
+# (results/h200_timings_2026-12-01r_skinny_warps_n2.json), and two blocks per warp at depth 2 and 3-4
+# CTAs per SM past 16 rows (results/h200_ab_2026-12-01r_two_blocks_depth2_m17-32.json).
 SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
 # Two blocks per warp at depth 2 and 5 CTAs per SM (96 registers, no spill at 16 rows; the estimate
 # says 98): 34816x5120 M = 16 in 34.0 us against 36.3 for the table's two blocks at depth 4 and 3 CTAs
