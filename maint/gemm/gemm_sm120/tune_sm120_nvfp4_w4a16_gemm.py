@@ -202,9 +202,9 @@ SKINNY_SPLITS = (1, 2, 3, 4, 8)
 # range, which at 8 rows and split 1 (80 KB at K = 5120) holds two CTAs per SM; the warps' rings
 # cost a 16-byte copy per lane, n8 tile and block in the loop, and an ldmatrix.
 SKINNY_STAGE_X = (True, False)
-# ``registers_needed`` is an estimate, and ptxas sometimes fits what it says will not: over the 128
-# ring configs of 8-32 rows (one or two blocks per warp, depth 2-8, 3-6 CTAs per SM) on 34816x5120
-# (sm_90a, 2026-12-01; NOTES, thirty-third session) it exceeded the budget by up to this many
+# ``registers_needed`` is an estimate, and ptxas sometimes fits what it says will not: over 96 ring
+# configs of 8-32 rows (one or two blocks per warp, depth 2-8, 3-6 CTAs per SM; the 96 of 128 that
+# fit the shared memory) on 34816x5120 (sm_90a, 2026-12-01; NOTES, thirty-third session) it exceeded the budget by up to this many
 # registers on configs that compiled without a spill: (32, 2, s, 4, 4, 3) by 12, (16, 1, s, 4, 8, 5)
 # by 10, (24, 1, s, 4, 4, 5) by 7; the smallest excess that did spill was 2 (4 bytes). So the tuner
 # times every config within this margin and lets the race, not the estimate, decide.
@@ -383,13 +383,16 @@ def final_race(x: torch.Tensor, weights: list, timed: list, heat_ms: float = 0.0
     of ``FINAL_ROUNDS`` benchmark rounds, or, for those within ``CLOSE_CALL`` of the fastest (ranked
     ahead of the rest), its best of the ``TIEBREAK_ROUNDS`` rounds of a race among them."""
     timers = {config: graph_timer(x, weights, config) for _, config in timed[:FINALISTS]}
-    rounds = bench.race(timers, FINAL_ROUNDS, heat_ms)
-    ranked = sorted(((min(us), config) for config, us in rounds.items()), key=lambda t: t[0])
+
+    def race(configs, rounds: int) -> list:  # [(best round, config)], fastest first
+        times = bench.race({config: timers[config] for config in configs}, rounds, heat_ms)
+        return sorted(((min(us), config) for config, us in times.items()), key=lambda t: t[0])
+
+    ranked = race(timers, FINAL_ROUNDS)
     close = [config for us, config in ranked if us <= ranked[0][0] * (1 + CLOSE_CALL)]
     if len(close) < 2:
         return ranked
-    again = bench.race({config: timers[config] for config in close}, TIEBREAK_ROUNDS, heat_ms)
-    return sorted(((min(us), config) for config, us in again.items()), key=lambda t: t[0]) + ranked[len(close) :]
+    return race(close, TIEBREAK_ROUNDS) + ranked[len(close) :]
 
 
 def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> bool:
