@@ -21,7 +21,11 @@ kernel's). This kernel takes the shortest path from HBM to the tensor core:
 - a CTA of ``warps`` warps: ``warps_n`` groups of them take different weight rows (sharing the
   staged x), and each group's warps split the CTA's K range and add their accumulators through
   shared memory; ``split_k`` CTAs per weight-row block meet in the example's deterministic
-  ``split_k_exchange``.
+  ``split_k_exchange``;
+- or (``SkinnyConfig.wgmma``, sm_90 only) the same weight loads and dequant feed wgmma as its
+  register A operand, with x in a shared-memory ring the CTA's warpgroups read as the B operand: no
+  x registers and one wgmma per m64 x k16 step for the warpgroup instead of an mma.sync per warp,
+  n8 tile and k16 step.
 
 SASS (sm_90a) of the loop for ``SkinnyConfig(1, 1, 2, 4, 4, 5)``: about 18 instructions per code
 word, 15 of them the dequant (``nvfp4_dequant_block``). At M = 1 on 34816x5120 (H200, 2026-12-01)
@@ -61,6 +65,16 @@ SMEM_PER_CTA = {"sm_90": hopper.SM90_SMEM_PER_CTA, "sm_120": example.SM120_SMEM_
 SMEM_PER_SM = {"sm_90": hopper.SM90_SMEM_PER_SM, "sm_120": example.SM120_SMEM_PER_SM}
 ZERO_SLOT_BYTES = 16  # what lanes without an x row read: the first 16 bytes of the x buffer
 ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligned) one
+# The wgmma form (``SkinnyConfig.wgmma``, sm_90 only): the CTA is whole warpgroups whose warps each
+# take their own weight rows over the same K range, and x is the wgmma's B operand in shared memory,
+# in chunks of ``wgmma`` k32 blocks. A k32 block of x is ``block_x`` rows of 64 bytes with the 64-byte
+# swizzle (16-byte chunk c of row r at chunk c ^ (r / 2) % 4), so a chunk starts on a 512-byte
+# boundary (eight such rows). The ring holds WGMMA_X_SLOTS_BEHIND more chunks than it loads ahead: a
+# slot is refilled once every warp has passed the wgmma wait that retires its last block's wgmma,
+# which is one chunk after its own.
+WGMMA_WARPS = 4  # a warpgroup
+WGMMA_X_ALIGN = 512
+WGMMA_X_SLOTS_BEHIND = 2
 
 
 @example.config_type
@@ -73,7 +87,10 @@ class SkinnyConfig(NamedTuple):
     SM (``__launch_bounds__``; it caps the registers), ``stage_x``: the CTA stages its x rows in
     shared memory first (else each warp copies its x rows into its own ring of ``depth`` k32 blocks
     in shared memory, ``depth`` blocks ahead with the weights: one 16-byte ``cp.async`` per lane, n8
-    tile and block, read by ``ldmatrix``; no prologue, and shared memory for the ring only)."""
+    tile and block, read by ``ldmatrix``; no prologue, and shared memory for the ring only),
+    ``wgmma``: 0 for the mma.sync form above, else the wgmma form (sm_90, whole warpgroups with
+    ``warps_n = warps``, ``stage_x=False``; see WGMMA_SOURCE) with x in chunks of this many k32
+    blocks, loaded ``max(1, depth // wgmma)`` chunks ahead."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -83,7 +100,9 @@ class SkinnyConfig(NamedTuple):
     ctas_per_sm: int = 5
     stage_x: bool = True
     warps_n: int = 1
+    wgmma: int = 0
 
+    FIELD_MINIMUMS = {"wgmma": 0}  # 0: the mma.sync form
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
     SHARED_BYTES_PER_CTA = 1 << 30  # the example's check is not this kernel's: see ``shared_bytes``
 
@@ -129,7 +148,11 @@ class SkinnyConfig(NamedTuple):
 
     def x_elements(self, k: int) -> int:
         """BF16 elements of x in shared memory: the CTA's rows in fragment order (64 bytes per row and
-        k32 block) if staged, else the warps' rings (an n8 tile of a k32 block per tile and slot)."""
+        k32 block) if staged, the CTA's ring of x chunks in the wgmma form (``wgmma_slots``, plus the
+        slack that aligns it to the swizzle), else the warps' rings (an n8 tile of a k32 block per
+        tile and slot)."""
+        if self.wgmma:
+            return self.wgmma_slots(k) * self.wgmma * self.block_x * 32 + WGMMA_X_ALIGN // 2
         if self.stage_x:
             return self.cta_blocks(k) * self.block_x * 32
         return self.warps * self.depth * self.x_tiles * X_TILE_ROWS * 32
@@ -150,8 +173,21 @@ class SkinnyConfig(NamedTuple):
         ring configs of 8-32 rows on 34816x5120 it put five that fitted up to 12 registers over the
         budget and one that spilled 8 bytes under it (NOTES, thirty-third session), so the tuner
         races configs within its ``SKINNY_REGISTER_SLACK``."""
+        if self.wgmma:  # no x registers; the A registers of the block in flight and of the next
+            return self.depth * self.rows_per_warp * 6 + 2 * DEQUANT_REGISTERS + self.accumulators
         x_ring = 0 if self.stage_x else X_RING_REGISTERS * self.x_tiles
         return self.depth * self.rows_per_warp * 6 + DEQUANT_REGISTERS + self.accumulators + x_ring
+
+    @property
+    def wgmma_chunks_ahead(self) -> int:
+        """x chunks the wgmma form loads ahead of the one in use: about as far as the weights."""
+        return max(1, self.depth // self.wgmma)
+
+    def wgmma_slots(self, k: int) -> int:
+        """x chunks the wgmma form's ring holds: all of a warp's K slice where that is no more than it
+        loads ahead, else ``wgmma_chunks_ahead + WGMMA_X_SLOTS_BEHIND``."""
+        chunks = self.warp_blocks(k) // self.wgmma
+        return chunks if chunks <= self.wgmma_chunks_ahead else self.wgmma_chunks_ahead + WGMMA_X_SLOTS_BEHIND
 
     def ctas_held(self, k: int, arch: str) -> int:
         """CTAs of this config that one ``arch`` SM's shared memory holds at this K."""
@@ -178,6 +214,15 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
         problems.append(f"block_x must be 1-{X_TILE_ROWS} or a multiple of {X_TILE_ROWS} up to {MAX_BLOCK_X}")
     if config.registers() < MIN_REGISTERS:
         problems.append(f"ctas_per_sm={config.ctas_per_sm} leaves {config.registers()} registers per thread, fewer than {MIN_REGISTERS}")
+    if config.wgmma:
+        if arch != "sm_90":
+            problems.append("wgmma runs on sm_90 only")
+        if config.warps != config.warps_n or config.warps % WGMMA_WARPS or config.stage_x:
+            problems.append(f"wgmma takes whole warpgroups of {WGMMA_WARPS} warps, each its own weight rows (warps_n = warps), and stage_x=False")
+        if config.block_x % X_TILE_ROWS:
+            problems.append("wgmma takes block_x in whole n8 tiles (the wgmma N)")
+        if config.warp_blocks(k) % config.wgmma:
+            problems.append("wgmma's x chunks must divide a warp's k32 blocks")
     smem = config.shared_bytes(k)
     if smem > SMEM_PER_CTA[arch] or config.ctas_per_sm > config.ctas_held(k, arch):
         problems.append(f"{config.ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit an {arch} SM")
@@ -442,6 +487,147 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
 """.replace("ZERO_SLOT", str(ZERO_SLOT))
 
 
+def _wgmma_mma_source(x_tiles: int) -> str:
+    """``nvfp4_skinny_wgmma_mma<x_tiles>``: one m64nNk16 wgmma (N = 8 x_tiles) into ``d`` (N / 2 FP32
+    accumulators per thread), A from the four registers, B (x) by the shared-memory descriptor."""
+    regs = 4 * x_tiles
+    d = ",".join(f"%{i}" for i in range(regs))
+    a = ",".join(f"%{regs + i}" for i in range(4))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return f"""
+template <> __device__ __forceinline__ void nvfp4_skinny_wgmma_mma<{x_tiles}>(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long desc) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n{8 * x_tiles}k16.f32.bf16.bf16 {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n}}"
+               : {outs} : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}}"""
+
+
+# The wgmma form's loop (sm_90a). Per k32 block and weight block a warp dequantizes its lane slice
+# into A registers (the m16n8k16 A fragment is also a warp's quarter of wgmma's m64 A), and its
+# warpgroup issues one m64 wgmma per (m16 half p, k16 step s): atom p's row 16w + r is row 16p + r of
+# warp w's block, so the accumulators keep the mma.sync form's order (``output_cell``). Each block's
+# wgmmas run while the next one is dequantized (wait_group 1): ptxas keeps the two blocks' A
+# registers apart (no C7512/C7513 serialization for the tuner's shapes; a test checks). x comes
+# through the CTA's ring (``wgmma_slots``) in chunks of CB k32 blocks, cp.async XA chunks ahead; one
+# CTA barrier per chunk publishes it, after each thread's proxy fence (cp.async writes through the
+# generic proxy, wgmma reads through the async one), and then the slot of chunk c - 2 is refilled.
+WGMMA_SOURCE = r"""
+template <int XT> __device__ __forceinline__ void nvfp4_skinny_wgmma_mma(float*, unsigned, unsigned, unsigned, unsigned, unsigned long long);
+""" + "".join(_wgmma_mma_source(t) for t in range(1, MAX_BLOCK_X // X_TILE_ROWS + 1)) + r"""
+// Empty asm that "changes" registers: the compiler may not move their reads or writes across the
+// (volatile) wgmma fence, issue and wait, which it otherwise sees no dependency on.
+template <int R> __device__ __forceinline__ void nvfp4_skinny_fence_f(float* r) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int R> __device__ __forceinline__ void nvfp4_skinny_fence_u(unsigned* r) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// K-major B, 64-byte swizzle (layout type 2), WGMMA_X_ALIGN bytes between 8-row groups (the stride
+// byte offset; the leading one is unused with a swizzle); addresses in 16-byte units.
+__device__ __forceinline__ unsigned long long nvfp4_skinny_x_desc(unsigned addr) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<unsigned long long>(WGMMA_X_ALIGN >> 4) << 32) | (2ull << 62);
+}
+// A chunk of CB k32 blocks, each BX rows of 64 bytes; thread tx copies 16 bytes of row tx / 4 of each
+// block (one 16-byte chunk of the row, at its swizzled place).
+template <int BX, int CB>
+struct nvfp4_skinny_wgmma_x {
+  const char* src;
+  int bytes;
+  unsigned fill;
+  bool copies;
+  __device__ __forceinline__ nvfp4_skinny_wgmma_x(const char* first, unsigned ring, int row_bytes, int m, int tx) {
+    const int row = tx >> 2, c = tx & 3;
+    copies = row < BX;
+    src = first + (row < m ? row : 0) * row_bytes + 16 * c;  // rows past M: a valid address, 0 bytes read
+    bytes = row < m ? 16 : 0;
+    fill = ring + row * 64 + ((c ^ (row >> 1)) & 3) * 16;
+  }
+  __device__ __forceinline__ void load(int slot) {
+    if (copies) {
+#pragma unroll
+      for (int b = 0; b < CB; ++b)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(fill + (slot * CB + b) * BX * 64), "l"(src + 64 * b), "r"(bytes) : "memory");
+    }
+    src += 64 * CB;
+    skip();
+  }
+  __device__ __forceinline__ void skip() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+};
+// Thread tx's warp: its COUNT k32 blocks of R weight blocks (``block_stride`` words apart) from
+// `block_offset` code words on, the ring D blocks deep, into `acc`; x from column x_col on.
+template <int R, int D, int BX, int XT, int XA, int CB, int COUNT>
+__device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
+                                                   int row_stride, int m, const void* x_ring, float* acc, int block_stride, int tx) {
+  static_assert(COUNT >= D && COUNT % CB == 0, "a warp's blocks fill its ring at least once and make whole x chunks");
+  constexpr int CHUNKS = COUNT / CB;
+  constexpr int XS = CHUNKS <= XA ? CHUNKS : XA + WGMMA_X_SLOTS_BEHIND;  // all chunks loaded up front, or a ring
+  const int lane = tx & 31;
+  const int* cp = code_base + block_offset + lane * 4;
+  const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
+  const unsigned ring = (static_cast<unsigned>(__cvta_generic_to_shared(x_ring)) + WGMMA_X_ALIGN - 1) & ~(WGMMA_X_ALIGN - 1u);
+  nvfp4_skinny_wgmma_x<BX, CB> xs(reinterpret_cast<const char*>(reinterpret_cast<const unsigned short*>(x) + x_col), ring, row_stride * 2, m, tx);
+  const unsigned long long desc = nvfp4_skinny_x_desc(ring);
+  nvfp4_skinny_slot<R> codes[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      codes[d].cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
+      codes[d].sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8) + d * 16);
+    }
+#pragma unroll
+  for (int a = 0; a < XA; ++a) {
+    if (a < CHUNKS) xs.load(a); else xs.skip();
+  }
+  nvfp4_skinny_fence_f<8 * XT * R>(acc);
+  int slot = 0;  // x's slot of the chunk in use
+  for (int i0 = 0; i0 < COUNT; i0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int i = i0 + d;
+      if (COUNT % D == 0 || i < COUNT) {
+        const int c = i / CB;
+        if (i % CB == 0) {  // a new chunk: wait for it, and refill the slot of chunk c - 2
+          if (XS > 1 || c == 0) {
+            asm volatile("cp.async.wait_group %0;" ::"n"(XA - 1) : "memory");  // this thread's copies of chunk c
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");      // ... visible to the wgmma
+            __syncthreads();  // everyone's copies landed; every warp retired chunk c - 2's wgmma
+          }
+          if (c > 0) slot = slot + 1 == XS ? 0 : slot + 1;
+          const int refill = slot >= 2 ? slot - 2 : slot + XS - 2;
+          if (c + XA < CHUNKS) xs.load(refill); else xs.skip();
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          unsigned b[16];
+          nvfp4_dequant_block(&codes[d].cw[r], &codes[d].sw[r], b);
+          if (i + D < COUNT) {
+            codes[d].cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride + (i + D) * 128);
+            codes[d].sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8) + (i + D) * 16);
+          }
+          nvfp4_skinny_fence_u<16>(b);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+          for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+              nvfp4_skinny_wgmma_mma<XT>(acc + (r * 2 + p) * XT * 4, b[8 * p + 2 * s], b[8 * p + 4 + 2 * s], b[8 * p + 2 * s + 1],
+                                         b[8 * p + 4 + 2 * s + 1], desc + ((slot * CB * BX * 64 + i % CB * BX * 64 + s * 32) >> 4));
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the previous block's wgmma is done
+        }
+        nvfp4_skinny_fence_f<8 * XT * R>(acc);
+      }
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  nvfp4_skinny_fence_f<8 * XT * R>(acc);
+}
+""".replace("WGMMA_X_SLOTS_BEHIND", str(WGMMA_X_SLOTS_BEHIND)).replace("WGMMA_X_ALIGN", str(WGMMA_X_ALIGN))
+
+
 # Who reads and writes what. Plain arithmetic, so the kernel (on TIR expressions) and the CPU tests
 # (on ints) run the same formulas.
 def warp_range(config: SkinnyConfig, k: int, bn, bk, warp) -> tuple:
@@ -502,7 +688,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // (example.FRAG_N * rpw * warps_n), split_k, threads=32 * warps) as (bn, bk):
-            T.import_source(SKINNY_SOURCE)
+            T.import_source(SKINNY_SOURCE + (WGMMA_SOURCE if config.wgmma else ""))
             T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             x_frag = T.alloc_shared((x_elements + ZERO_SLOT,), T.bfloat16)
             handoff = T.alloc_shared((max(warps - warps_n, 1), acc_size, 32), T.float32)
@@ -538,22 +724,39 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                     x_frag[tx] = T.bfloat16(0)
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
-            T.call_extern(
-                "handle",
-                f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>",
-                T.address_of(codes[0, 0, 0]),
-                T.address_of(scales[0, 0, 0]),
-                (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
-                T.address_of(x[0, 0]),
-                bk * cta_k_blocks * example.FRAG_K,
-                k,
-                M,
-                T.address_of(x_frag[0]),
-                k_block - bk * cta_k_blocks,
-                T.address_of(acc[0]),
-                block_stride,
-                lane,
-            )
+            if config.wgmma:
+                T.call_extern(
+                    "handle",
+                    f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma}, {warp_k_blocks}>",
+                    T.address_of(codes[0, 0, 0]),
+                    T.address_of(scales[0, 0, 0]),
+                    (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+                    T.address_of(x[0, 0]),
+                    bk * cta_k_blocks * example.FRAG_K,
+                    k,
+                    M,
+                    T.address_of(x_frag[0]),
+                    T.address_of(acc[0]),
+                    block_stride,
+                    tx,
+                )
+            else:
+                T.call_extern(
+                    "handle",
+                    f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>",
+                    T.address_of(codes[0, 0, 0]),
+                    T.address_of(scales[0, 0, 0]),
+                    (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+                    T.address_of(x[0, 0]),
+                    bk * cta_k_blocks * example.FRAG_K,
+                    k,
+                    M,
+                    T.address_of(x_frag[0]),
+                    k_block - bk * cta_k_blocks,
+                    T.address_of(acc[0]),
+                    block_stride,
+                    lane,
+                )
             owner = warp < warps_n  # K slice 0 of its group (warp_range): it holds the group's sums
             if warps_k > 1:
                 # Warp order, lane-fastest: each warp's stores and each owner's loads hit 32 banks.

@@ -191,6 +191,16 @@ SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3,
 # 5 CTAs per SM and two blocks at depth 4 and 4 CTAs per SM, raced beside it, won no cell of the five
 # shapes at M = 12 or 16 (H200, 2026-12-01r; results/h200_timings_2026-12-01r_skinny_m12-16_wide_shapes.json).
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (2, 4, 2, 5, 1))
+# The wgmma form (sm_90, past one n8 tile): (depth, ctas_per_sm, x chunk) for one warpgroup of one
+# block per warp, over SKINNY_SPLITS. Raced against the table at M = 16-32 on the five default shapes
+# (H200, 2026-12-01s; results/h200_ab_2026-12-01s_skinny_wgmma.json), it won one cell, 34816x5120
+# M = 24, where (8, 4, 4) at split 4 ran 39.0-40.1 us against 41.5-41.8 in four runs, and lost the
+# others at 1.07-1.8x. Not offered at 32 rows, where (8, 4, 4) lost all five shapes (1.07-1.34x) and
+# (4, 5, 2) spills. Not offered, having won no cell: x staged whole or in chunks of one k32 block
+# (a barrier and proxy fence per block), two blocks per warp (at most depth 2 fits 128 registers at 24
+# rows), two warpgroups per CTA, and two wgmma groups in flight (ptxas serialized them, C7512/C7513).
+SKINNY_WGMMA_SHAPES = ((8, 4, 4), (4, 5, 2))
+SKINNY_WGMMA_MAX_BLOCK_X = 24
 # Split 3 fills SMs that powers of two leave empty where K allows it (``fits``): 5120x6144 (192 k32
 # blocks) split 3 ran M = 16 in 10.33 us against 10.81 at split 2, and M = 5-8 in 8.81 against 8.89
 # at split 4 (H200, 2026-12-01l). Split 5 (K = 5120) is not offered: it lost every cell it was raced
@@ -213,19 +223,21 @@ SKINNY_REGISTER_SLACK = 12
 
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
-    tile, ``SKINNY_WIDE_SHAPES``) at each split, x staged or not, its depth cut to each warp's k32
-    blocks and its CTAs per SM to what the shared memory holds, without those whose loop would
-    surely spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the
-    rest)."""
+    tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split, x staged or
+    not, its depth cut to each warp's k32 blocks and its CTAs per SM to what the shared memory holds,
+    without those whose loop would surely spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``;
+    ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
     for (rows, warps, depth, ctas, warps_n), split, stage_x in itertools.product(shapes, SKINNY_SPLITS, SKINNY_STAGE_X):
         config = skinny.SkinnyConfig(block_x, rows, split, warps, depth, ctas, stage_x, warps_n).depth_within(k)
-        config = config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch))))
-        if config.registers_needed() <= config.registers() + SKINNY_REGISTER_SLACK:
-            out.append(config)
-    return out
+        out.append(config._replace(ctas_per_sm=max(1, min(ctas, config.ctas_held(k, arch)))))
+    if arch == "sm_90" and skinny.X_TILE_ROWS < block_x <= SKINNY_WGMMA_MAX_BLOCK_X:
+        warps = skinny.WGMMA_WARPS
+        for (depth, ctas, chunk), split in itertools.product(SKINNY_WGMMA_SHAPES, SKINNY_SPLITS):
+            out.append(skinny.SkinnyConfig(block_x, 1, split, warps, depth, ctas, False, warps, chunk).depth_within(k))
+    return [c for c in out if c.registers_needed() <= c.registers() + SKINNY_REGISTER_SLACK]
 
 
 def ctas_per_sm(config, arch: str) -> int:

@@ -47,6 +47,13 @@ DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (34816, 5120), (5120, 17408), (5
         (S(1, stage_x=1), "sm_90", "bool field a bool"),
         (S(1, warps_n=3), "sm_90", "warps_n must be a positive int that divides warps"),
         (S(1, warps_n=0), "sm_90", "warps_n must be a positive int that divides warps"),
+        (S(24, 1, 4, 4, 8, 4, False, 4, 4), "sm_120", "wgmma runs on sm_90 only"),
+        (S(24, 1, 4, 4, 8, 4, False, 2, 4), "sm_90", "whole warpgroups"),  # two warps share rows
+        (S(24, 1, 4, 2, 8, 4, False, 2, 4), "sm_90", "whole warpgroups"),  # half a warpgroup
+        (S(24, 1, 4, 4, 8, 4, True, 4, 4), "sm_90", "stage_x=False"),
+        (S(4, 1, 4, 4, 8, 4, False, 4, 4), "sm_90", "whole n8 tiles"),
+        (S(24, 1, 4, 4, 8, 4, False, 4, 3), "sm_90", "x chunks must divide"),  # 40 blocks per warp
+        (S(24, 1, 4, 4, 8, 4, False, 4, -1), "sm_90", "positive int"),
     ],
 )
 def test_bad_configs(config, arch, match):
@@ -243,6 +250,48 @@ def test_register_budget_is_what_ptxas_allots(config):
     assert f"Used {config.registers()} registers" in report, report
 
 
+@pytest.mark.parametrize("m", [16, 24])
+def test_tuner_wgmma_shapes_keep_their_wgmmas_asynchronous(m):
+    """The wgmma form's offered shapes at 8, 4 and 2 k32 blocks per warp (34816x5120 at split 4; the
+    depth is cut to K at split 16): no spill, and ptxas keeps each block's wgmmas in flight while the
+    next block is dequantized (C7512/C7513 would say it serialized them)."""
+    offered = [c for c in tune.skinny_candidates(m, 5120, "sm_90") if c.wgmma and c.split_k == 4]
+    assert {(c.depth, c.ctas_per_sm, c.wgmma) for c in offered} == set(tune.SKINNY_WGMMA_SHAPES)
+    for config in offered:
+        report = ptxas_report(skinny.compile_skinny(34816, 5120, config, "sm_90").get_kernel_source())
+        assert "0 bytes spill stores" in report and "C751" not in report, (config, report)
+
+
+def test_tuner_offers_the_wgmma_form_on_sm_90_only():
+    assert any(c.wgmma for c in tune.skinny_candidates(24, 5120, "sm_90"))
+    assert not any(c.wgmma for c in tune.skinny_candidates(24, 5120, "sm_120"))
+    assert not any(c.wgmma for c in tune.skinny_candidates(8, 5120, "sm_90"))  # one n8 tile: mma.sync
+    assert not any(c.wgmma for c in tune.skinny_candidates(32, 5120, "sm_90"))  # see SKINNY_WGMMA_MAX_BLOCK_X
+
+
+def test_wgmma_ring_holds_its_chunks_ahead_plus_two():
+    ring = S(24, 1, 4, 4, 8, 4, False, 4, 4)  # 40 blocks per warp: 10 chunks, 2 ahead
+    assert (ring.wgmma_chunks_ahead, ring.wgmma_slots(5120)) == (2, 2 + skinny.WGMMA_X_SLOTS_BEHIND)
+    assert ring.x_elements(5120) == 4 * 4 * 24 * 32 + skinny.WGMMA_X_ALIGN // 2
+    whole = S(24, 1, 16, 4, 8, 4, False, 4, 2)  # 10 blocks per warp: 5 chunks, 4 ahead
+    assert whole.wgmma_slots(5120) == 4 + skinny.WGMMA_X_SLOTS_BEHIND
+    short = S(24, 1, 16, 4, 4, 4, False, 4, 3)  # 10 blocks per warp do not make whole chunks of 3
+    with pytest.raises(ValueError, match="x chunks"):
+        skinny.check_skinny_config(short, 34816, 5120, "sm_90")
+    all_ahead = S(16, 1, 16, 4, 10, 4, False, 4, 5)  # 10 blocks: two chunks, both loaded up front
+    assert all_ahead.wgmma_slots(5120) == 2
+
+
+def test_wgmma_form_compiles_for_sm_90():
+    config = S(24, 1, 4, 4, 8, 4, False, 4, 4)
+    source = skinny.compile_skinny(16384, 5120, config, "sm_90").get_kernel_source()
+    call = re.search(r"nvfp4_skinny_wgmma<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)>", source)
+    assert call, "the wgmma form's template arguments are missing"
+    assert tuple(map(int, call.groups())) == (1, 8, 24, 3, config.wgmma_chunks_ahead, 4, 40)
+    assert "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16" in source and "nvfp4_skinny_warp<" not in source
+    assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
+
+
 def test_tuner_kinds_keep_the_incumbent(monkeypatch):
     incumbent = nv.FragConfig(16, 128, 256, 1, 3, 1)
     monkeypatch.setattr(sk, "config_for", lambda m, n, k, device: incumbent)
@@ -324,6 +373,15 @@ REFERENCE_CASES = [
     (16, 16384, 5120, S(16, 1, 4, 4, 2, 3, True, 4)),
     (5, 5120, 6144, S(8, 2, 2, 4, 4, 3, False, 2)),
     (29, 14336, 5120, S(32, 1, 4, 8, 2, 2, True, 4)),
+    # The wgmma form: N = 8-32, rows past M, x chunks of 1-4 blocks in a ring or all loaded up front,
+    # ring depths that do not divide a warp's blocks, two blocks per warp, two warpgroups per CTA.
+    (24, 34816, 5120, S(24, 1, 4, 4, 8, 4, False, 4, 4)),
+    (17, 5120, 17408, S(24, 1, 8, 4, 4, 5, False, 4, 2)),
+    (9, 14336, 5120, S(16, 1, 1, 4, 4, 5, False, 4, 1)),
+    (32, 5120, 6144, S(32, 1, 3, 4, 6, 4, False, 4, 4)),
+    (5, 16384, 5120, S(8, 1, 16, 4, 10, 4, False, 4, 5)),
+    (20, 5120, 6144, S(24, 2, 4, 4, 2, 4, False, 4, 4)),
+    (30, 16384, 5120, S(32, 1, 4, 8, 8, 2, False, 8, 4)),
 ]
 
 
@@ -379,6 +437,8 @@ def test_refuses_more_rows_than_block_x():
         (34816, 5120, S(16, 1, 4, 4, 2, 3, True, 4)),
         (14336, 5120, S(32, 1, 4, 8, 2, 2, True, 4)),
         (4096, 11008, S(1, 1, 2, 4, 4, 5)),
+        (34816, 5120, S(24, 1, 4, 4, 8, 4, False, 4, 4)),
+        (5120, 6144, S(24, 2, 4, 8, 2, 2, False, 8, 4)),
     ],
 )
 def test_warps_read_every_block_once_and_owners_write_every_cell_once(n, k, config):
