@@ -192,12 +192,13 @@ SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3,
 # shapes at M = 12 or 16 (H200, 2026-12-01r; results/h200_timings_2026-12-01r_skinny_m12-16_wide_shapes.json).
 SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (2, 4, 2, 5, 1))
 # The wgmma form (sm_90, past one n8 tile): (depth, ctas_per_sm, x chunk) for one warpgroup of one
-# block per warp, over SKINNY_SPLITS. Raced against the table at M = 16-32 on the five default shapes
-# (H200, 2026-12-01s; results/h200_ab_2026-12-01s_skinny_wgmma.json), it won one cell, 34816x5120
-# M = 24, where (8, 4, 4) at split 4 ran 39.0-40.1 us against 41.5-41.8 in four runs, and lost the
-# others at 1.07-1.8x. Not offered at 32 rows, where (8, 4, 4) lost all five shapes (1.07-1.34x) and
-# (4, 5, 2) spills. Not offered, having won no cell: x staged whole or in chunks of one k32 block
-# (a barrier and proxy fence per block), two blocks per warp (at most depth 2 fits 128 registers at 24
+# block per warp, over SKINNY_SPLITS. Raced against the table at M = 24 and 32 on the five default
+# shapes and at M = 16 on 34816x5120, 5120x17408 and 14336x5120 (H200, 2026-12-01s;
+# results/h200_ab_2026-12-01s_skinny_wgmma.json), it won one cell, 34816x5120 M = 24, where (8, 4, 4)
+# at split 4 ran 39.0-40.1 us against 41.5-41.8 in four runs; in the other cells the best wgmma config
+# took 1.07-1.34x the table's time. Not offered at 32 rows, where both shapes lost on every shape and
+# (4, 5, 2) spills. Not offered, having won no cell: x staged whole or in chunks of one k32 block (a
+# barrier and proxy fence per block), two blocks per warp (at most depth 2 fits 128 registers at 24
 # rows), two warpgroups per CTA, and two wgmma groups in flight (ptxas serialized them, C7512/C7513).
 SKINNY_WGMMA_SHAPES = ((8, 4, 4), (4, 5, 2))
 SKINNY_WGMMA_MAX_BLOCK_X = 24
