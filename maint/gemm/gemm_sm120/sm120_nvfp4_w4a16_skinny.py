@@ -438,8 +438,9 @@ __device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R>& slo
 // the lanes of a scalable vector"; the codes of two-warp CTAs at K = 17408).
 template <int R, int D, int BX, int XT, bool STAGED, int COUNT>
 __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
-                                                  int row_stride, int m, const void* x_frag, int x_block, float* acc, int block_stride, int lane) {
+                                                  int row_stride, int m, const void* x_frag, int x_block, float* acc, int block_stride, int tx) {
   static_assert(COUNT >= D, "a warp's blocks fill its ring at least once");
+  const int lane = tx & 31;
   const int* cp = code_base + block_offset + lane * 4;  // block_offset counts code words; scales have 1/8 as many
   const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
   const unsigned short* shared_x = reinterpret_cast<const unsigned short*>(x_frag);
@@ -555,11 +556,12 @@ struct nvfp4_skinny_wgmma_x {
   }
   __device__ __forceinline__ void skip() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 };
-// Thread tx's warp: its COUNT k32 blocks of R weight blocks (``block_stride`` words apart) from
-// `block_offset` code words on, the ring D blocks deep, into `acc`; x from column x_col on.
+// Thread tx's warp, with nvfp4_skinny_warp's arguments: its COUNT k32 blocks of R weight blocks
+// (`block_stride` words apart) from `block_offset` code words on, the ring D blocks deep, into `acc`;
+// x from column x_col + 32 x_block on, through the CTA's ring at `x_ring`.
 template <int R, int D, int BX, int XT, int XA, int CB, int COUNT>
 __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
-                                                   int row_stride, int m, const void* x_ring, float* acc, int block_stride, int tx) {
+                                                   int row_stride, int m, const void* x_ring, int x_block, float* acc, int block_stride, int tx) {
   static_assert(COUNT >= D && COUNT % CB == 0, "a warp's blocks fill its ring at least once and make whole x chunks");
   constexpr int CHUNKS = COUNT / CB;
   constexpr int XS = CHUNKS <= XA ? CHUNKS : XA + WGMMA_X_SLOTS_BEHIND;  // all chunks loaded up front, or a ring
@@ -567,7 +569,7 @@ __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const i
   const int* cp = code_base + block_offset + lane * 4;
   const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
   const unsigned ring = (static_cast<unsigned>(__cvta_generic_to_shared(x_ring)) + WGMMA_X_ALIGN - 1) & ~(WGMMA_X_ALIGN - 1u);
-  nvfp4_skinny_wgmma_x<BX, CB> xs(reinterpret_cast<const char*>(reinterpret_cast<const unsigned short*>(x) + x_col), ring, row_stride * 2, m, tx);
+  nvfp4_skinny_wgmma_x<BX, CB> xs(reinterpret_cast<const char*>(reinterpret_cast<const unsigned short*>(x) + x_col + x_block * 32), ring, row_stride * 2, m, tx);
   const unsigned long long desc = nvfp4_skinny_x_desc(ring);
   nvfp4_skinny_slot<R> codes[D];
 #pragma unroll
@@ -725,38 +727,25 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             if config.wgmma:
-                T.call_extern(
-                    "handle",
-                    f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma}, {warp_k_blocks}>",
-                    T.address_of(codes[0, 0, 0]),
-                    T.address_of(scales[0, 0, 0]),
-                    (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
-                    T.address_of(x[0, 0]),
-                    bk * cta_k_blocks * example.FRAG_K,
-                    k,
-                    M,
-                    T.address_of(x_frag[0]),
-                    T.address_of(acc[0]),
-                    block_stride,
-                    tx,
-                )
+                body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma}, {warp_k_blocks}>"
             else:
-                T.call_extern(
-                    "handle",
-                    f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>",
-                    T.address_of(codes[0, 0, 0]),
-                    T.address_of(scales[0, 0, 0]),
-                    (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
-                    T.address_of(x[0, 0]),
-                    bk * cta_k_blocks * example.FRAG_K,
-                    k,
-                    M,
-                    T.address_of(x_frag[0]),
-                    k_block - bk * cta_k_blocks,
-                    T.address_of(acc[0]),
-                    block_stride,
-                    lane,
-                )
+                body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>"
+            T.call_extern(
+                "handle",
+                body,
+                T.address_of(codes[0, 0, 0]),
+                T.address_of(scales[0, 0, 0]),
+                (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+                T.address_of(x[0, 0]),
+                bk * cta_k_blocks * example.FRAG_K,
+                k,
+                M,
+                T.address_of(x_frag[0]),
+                k_block - bk * cta_k_blocks,
+                T.address_of(acc[0]),
+                block_stride,
+                tx,
+            )
             owner = warp < warps_n  # K slice 0 of its group (warp_range): it holds the group's sums
             if warps_k > 1:
                 # Warp order, lane-fastest: each warp's stores and each owner's loads hit 32 banks.
