@@ -73,6 +73,12 @@ ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligne
 # slot is refilled once every warp has passed the wgmma wait that retires its last block's wgmma,
 # which is one chunk after its own.
 WGMMA_WARPS = 4  # a warpgroup
+# What the wgmma form's loop holds besides its operands (``registers_needed``): the weights' and
+# x's pointers, the ring's fill address and slot, the descriptor. Fitted to ptxas -v (sm_90a,
+# 2026-12-01, 34816x5120): of 11 configs at 8-32 rows, one or two blocks per warp and 4-5 CTAs per
+# SM, every one that spilled needed more than 12 over the operand count, and none that fitted more
+# than 16; 14 separates them all.
+WGMMA_STATE_REGISTERS = 14
 WGMMA_X_ALIGN = 512
 WGMMA_X_SLOTS_BEHIND = 2
 
@@ -168,15 +174,17 @@ class SkinnyConfig(NamedTuple):
 
     def registers_needed(self) -> int:
         """What the loop holds at once per thread: the ring (codes 4 and scales 2 per weight block
-        and slot), one block's dequantized words, the accumulators and, with the warps' x rings,
-        ``X_RING_REGISTERS`` per n8 tile. An estimate: against ptxas -v (sm_90a, 2026-12-01) on 96
+        and slot), one block's dequantized words (two in the wgmma form, WGMMA_STATE_REGISTERS
+        there), the accumulators and, with the warps' x rings, ``X_RING_REGISTERS`` per n8 tile.
+        For the mma.sync form an estimate: against ptxas -v (sm_90a, 2026-12-01) on 96
         ring configs of 8-32 rows on 34816x5120 it put five that fitted up to 12 registers over the
         budget and one that spilled 8 bytes under it (NOTES, thirty-third session), so the tuner
         races configs within its ``SKINNY_REGISTER_SLACK``."""
+        ring = self.depth * self.rows_per_warp * 6
         if self.wgmma:  # no x registers; the A registers of the block in flight and of the next
-            return self.depth * self.rows_per_warp * 6 + 2 * DEQUANT_REGISTERS + self.accumulators
+            return ring + 2 * DEQUANT_REGISTERS + self.accumulators + WGMMA_STATE_REGISTERS
         x_ring = 0 if self.stage_x else X_RING_REGISTERS * self.x_tiles
-        return self.depth * self.rows_per_warp * 6 + DEQUANT_REGISTERS + self.accumulators + x_ring
+        return ring + DEQUANT_REGISTERS + self.accumulators + x_ring
 
     @property
     def wgmma_chunks_ahead(self) -> int:

@@ -212,6 +212,10 @@ def test_heuristic_against_the_tuner_timings():
         (S(8, 2, 1, 4, 8, 3, False), False),
         (S(16, 2, 1, 4, 8, 3, False), True),  # 4 bytes
         (S(16, 1, 1, 4, 4, 5, False), False),  # the heuristic's 16 rows: 96 registers
+        (S(24, 1, 4, 4, 4, 5, False, 4, 4), False),  # the wgmma form: 94 estimated against 96
+        (S(32, 1, 4, 4, 4, 5, False, 4, 2), True),  # 102 against 96: 56 bytes
+        (S(24, 2, 2, 4, 3, 4, False, 4, 4), True),  # 130 against 128: 12 bytes
+        (S(16, 2, 2, 4, 4, 4, False, 4, 4), False),  # 126 against 128 (ptxas used 127)
     ],
 )
 def test_register_estimate_against_ptxas(config, spills):
