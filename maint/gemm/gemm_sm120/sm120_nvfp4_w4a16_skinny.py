@@ -419,15 +419,18 @@ __device__ __forceinline__ void nvfp4_skinny_block(const uint4 (&cw)[R], const u
                            b[8 * p + 4 + 2 * s + 1], s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y);
   }
 }
-// The R weight blocks' (`block_stride` words apart) block at cp, sp into ring slot d, and x's.
+// Weight block r's (`block_stride` code words after block 0) block at cp, sp into its place in a slot.
+template <int R>
+__device__ __forceinline__ void nvfp4_skinny_load_block(nvfp4_skinny_slot<R>& slot, int r, const int* cp, const int* sp, int block_stride) {
+  slot.cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
+  slot.sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8));  // 16 scale words per block against 128 code words
+}
+// The R weight blocks' block at cp, sp into ring slot d, and x's.
 template <int R, int XT, bool STAGED, int BX, int D>
 __device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R>& slot, int d, const int* cp, const int* sp, int block_stride,
                                                   nvfp4_skinny_x<BX, XT, STAGED, D>& xs) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    slot.cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride);
-    slot.sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8));  // 16 scale words per block against 128 code words
-  }
+  for (int r = 0; r < R; ++r) nvfp4_skinny_load_block(slot, r, cp, sp, block_stride);
   xs.load(d);
 }
 // The next block, from ring slot d.
@@ -566,13 +569,12 @@ struct nvfp4_skinny_wgmma_x {
 };
 // Thread tx's warp, with nvfp4_skinny_warp's arguments: its COUNT k32 blocks of R weight blocks
 // (`block_stride` words apart) from `block_offset` code words on, the ring D blocks deep, into `acc`;
-// x from column x_col + 32 x_block on, through the CTA's ring at `x_ring`.
-template <int R, int D, int BX, int XT, int XA, int CB, int COUNT>
+// x from column x_col + 32 x_block on, through the CTA's ring of XS slots at `x_ring`.
+template <int R, int D, int BX, int XT, int XA, int XS, int CB, int COUNT>
 __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
                                                    int row_stride, int m, const void* x_ring, int x_block, float* acc, int block_stride, int tx) {
   static_assert(COUNT >= D && COUNT % CB == 0, "a warp's blocks fill its ring at least once and make whole x chunks");
   constexpr int CHUNKS = COUNT / CB;
-  constexpr int XS = CHUNKS <= XA ? CHUNKS : XA + WGMMA_X_SLOTS_BEHIND;  // all chunks loaded up front, or a ring
   const int lane = tx & 31;
   const int* cp = code_base + block_offset + lane * 4;
   const int* sp = scale_base + block_offset / 8 + (lane >> 2) * 2;
@@ -583,10 +585,7 @@ __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const i
 #pragma unroll
   for (int d = 0; d < D; ++d)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      codes[d].cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride + d * 128);
-      codes[d].sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8) + d * 16);
-    }
+    for (int r = 0; r < R; ++r) nvfp4_skinny_load_block(codes[d], r, cp + d * 128, sp + d * 16, block_stride);
 #pragma unroll
   for (int a = 0; a < XA; ++a) {
     if (a < CHUNKS) xs.load(a); else xs.skip();
@@ -613,10 +612,7 @@ __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const i
         for (int r = 0; r < R; ++r) {
           unsigned b[16];
           nvfp4_dequant_block(&codes[d].cw[r], &codes[d].sw[r], b);
-          if (i + D < COUNT) {
-            codes[d].cw[r] = nvfp4_skinny_ldg16(cp + r * block_stride + (i + D) * 128);
-            codes[d].sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8) + (i + D) * 16);
-          }
+          if (i + D < COUNT) nvfp4_skinny_load_block(codes[d], r, cp + (i + D) * 128, sp + (i + D) * 16, block_stride);
           nvfp4_skinny_fence_u<16>(b);
           asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -635,7 +631,7 @@ __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const i
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   nvfp4_skinny_fence_f<8 * XT * R>(acc);
 }
-""".replace("WGMMA_X_SLOTS_BEHIND", str(WGMMA_X_SLOTS_BEHIND)).replace("WGMMA_X_ALIGN", str(WGMMA_X_ALIGN))
+""".replace("WGMMA_X_ALIGN", str(WGMMA_X_ALIGN))
 
 
 # Who reads and writes what. Plain arithmetic, so the kernel (on TIR expressions) and the CPU tests
@@ -735,7 +731,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             if config.wgmma:
-                body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma}, {warp_k_blocks}>"
+                body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma_slots(k)}, {config.wgmma}, {warp_k_blocks}>"
             else:
                 body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>"
             T.call_extern(

@@ -289,9 +289,10 @@ def test_wgmma_ring_holds_its_chunks_ahead_plus_two():
 def test_wgmma_form_compiles_for_sm_90():
     config = S(24, 1, 4, 4, 8, 4, False, 4, 4)
     source = skinny.compile_skinny(16384, 5120, config, "sm_90").get_kernel_source()
-    call = re.search(r"nvfp4_skinny_wgmma<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)>", source)
+    call = re.search(r"nvfp4_skinny_wgmma<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)>", source)
     assert call, "the wgmma form's template arguments are missing"
-    assert tuple(map(int, call.groups())) == (1, 8, 24, 3, config.wgmma_chunks_ahead, 4, 40)
+    assert tuple(map(int, call.groups())) == (1, 8, 24, 3, config.wgmma_chunks_ahead, config.wgmma_slots(5120), 4, 40)
+    assert (config.wgmma_chunks_ahead, config.wgmma_slots(5120)) == (2, 4)
     assert "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16" in source and "nvfp4_skinny_warp<" not in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
