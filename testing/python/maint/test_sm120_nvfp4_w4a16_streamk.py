@@ -210,10 +210,10 @@ DISPATCH_CASES = [(1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408)]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def precompiled_streamk_kernels():
+def precompiled_streamk_kernels(precompiles):
     """Compile the GPU tests' kernels in parallel processes first (TileLang's disk cache turns each
     in-test compile into a load). Correctness does not depend on it."""
-    if not HAS_GPU:
+    if not HAS_GPU or not precompiles:
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     major, minor = torch.cuda.get_device_capability()

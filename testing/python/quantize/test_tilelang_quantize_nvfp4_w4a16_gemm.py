@@ -340,10 +340,10 @@ SWEEP_M = [1, 2, 8, 16, 24, 32, 40, 64, 72, 96, 97, 128, 200, 256, 384, 640, 102
 
 
 @pytest.fixture(scope="session", autouse=True)
-def precompiled_kernels(request):
+def precompiled_kernels(request, precompiles):
     """Compile the GPU tests' kernels in parallel processes first: TileLang's disk cache then makes
     each in-test compile a load (minutes of nvcc become seconds). Correctness does not depend on it."""
-    if not HAS_GPU:
+    if not HAS_GPU or not precompiles:
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     major, minor = torch.cuda.get_device_capability()
