@@ -72,7 +72,7 @@ ZERO_SLOT = ZERO_SLOT_BYTES // 2  # BF16 values before x's first (16-byte aligne
 # boundary (eight such rows). The ring holds WGMMA_X_SLOTS_BEHIND more chunks than it loads ahead: a
 # slot is refilled once every warp has passed the wgmma wait that retires its last block's wgmma,
 # which is one chunk after its own.
-WGMMA_WARPS = 4  # a warpgroup
+WGMMA_WARPS = hopper.WARPGROUP_THREADS // 32  # a warpgroup
 # What the wgmma form's loop holds besides its operands (``registers_needed``): the weights' and
 # x's pointers, the ring's fill address and slot, the descriptor. Fitted to ptxas -v (sm_90a,
 # 2026-12-01, 34816x5120): of 11 configs at 8-32 rows, one or two blocks per warp and 4-5 CTAs per
