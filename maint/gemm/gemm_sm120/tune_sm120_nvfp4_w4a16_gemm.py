@@ -196,10 +196,11 @@ SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 
 # shapes and at M = 16 on 34816x5120, 5120x17408 and 14336x5120 (H200, 2026-12-01s;
 # results/h200_ab_2026-12-01s_skinny_wgmma.json), it won one cell, 34816x5120 M = 24, where (8, 4, 4)
 # at split 4 ran 39.0-40.1 us against 41.5-41.8 in four runs; in the other cells the best wgmma config
-# took 1.07-1.34x the table's time. Not offered at 32 rows, where both shapes lost on every shape and
-# (4, 5, 2) spills. Not offered, having won no cell: x staged whole or in chunks of one k32 block (a
-# barrier and proxy fence per block), two blocks per warp (at most depth 2 fits 128 registers at 24
-# rows), two warpgroups per CTA, and two wgmma groups in flight (ptxas serialized them, C7512/C7513).
+# took 1.07-1.34x the table's time. Not offered at 32 rows, where both of these shapes lost on all
+# five weight shapes and (4, 5, 2) spills. Not offered, having won no cell: x staged whole or in
+# chunks of one k32 block (a barrier and proxy fence per block), two blocks per warp (at most depth 2
+# fits 128 registers at 24 rows), two warpgroups per CTA, and two wgmma groups in flight (ptxas
+# serialized them, C7512/C7513).
 SKINNY_WGMMA_SHAPES = ((8, 4, 4), (4, 5, 2))
 SKINNY_WGMMA_MAX_BLOCK_X = 24
 # Split 3 fills SMs that powers of two leave empty where K allows it (``fits``): 5120x6144 (192 k32
@@ -215,19 +216,20 @@ SKINNY_SPLITS = (1, 2, 3, 4, 8)
 SKINNY_STAGE_X = (True, False)
 # ``registers_needed`` is an estimate, and ptxas sometimes fits what it says will not: over 96 ring
 # configs of 8-32 rows (one or two blocks per warp, depth 2-8, 3-6 CTAs per SM; the 96 of 128 that
-# fit the shared memory) on 34816x5120 (sm_90a, 2026-12-01; NOTES, thirty-third session) it exceeded the budget by up to this many
-# registers on configs that compiled without a spill: (32, 2, s, 4, 4, 3) by 12, (16, 1, s, 4, 8, 5)
-# by 10, (24, 1, s, 4, 4, 5) by 7; the smallest excess that did spill was 2 (4 bytes). So the tuner
-# times every config within this margin and lets the race, not the estimate, decide.
+# fit the shared memory) on 34816x5120 (sm_90a, 2026-12-01; NOTES, thirty-third session) it exceeded
+# the budget by up to this many registers on configs that compiled without a spill: (32, 2, s, 4, 4,
+# 3) by 12, (16, 1, s, 4, 8, 5) by 10, (24, 1, s, 4, 4, 5) by 7; the smallest excess that did spill
+# was 2 (4 bytes). So the tuner times every config within this margin and lets the race, not the
+# estimate, decide.
 SKINNY_REGISTER_SLACK = 12
 
 
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
-    tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split, x staged or
-    not, its depth cut to each warp's k32 blocks and its CTAs per SM to what the shared memory holds,
-    without those whose loop would surely spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``;
-    ``candidates`` filters the rest)."""
+    tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split, x
+    staged or not, its depth cut to each warp's k32 blocks and its CTAs per SM to what the shared
+    memory holds, without those whose loop would surely spill (``registers_needed`` past
+    ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
