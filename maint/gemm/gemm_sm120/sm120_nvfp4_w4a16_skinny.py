@@ -96,7 +96,10 @@ class SkinnyConfig(NamedTuple):
     tile and block, read by ``ldmatrix``; no prologue, and shared memory for the ring only),
     ``wgmma``: 0 for the mma.sync form above, else the wgmma form (sm_90, whole warpgroups with
     ``warps_n = warps``, ``stage_x=False``; see WGMMA_SOURCE) with x in chunks of this many k32
-    blocks, loaded ``max(1, depth // wgmma)`` chunks ahead."""
+    blocks, loaded ``max(1, depth // wgmma)`` chunks ahead; ``split_fastest``: the CTAs are numbered
+    split first (blockIdx.x is the split), so that where the SM count is a multiple of ``split_k`` the
+    CTAs an SM holds at once share one K range and read its x through L1 together (see
+    ``build_skinny_kernel``)."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -107,6 +110,7 @@ class SkinnyConfig(NamedTuple):
     stage_x: bool = True
     warps_n: int = 1
     wgmma: int = 0
+    split_fastest: bool = False
 
     FIELD_MINIMUMS = {"wgmma": 0}  # 0: the mma.sync form
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
@@ -657,8 +661,19 @@ def output_cell(config: SkinnyConfig, bn, group, q, lane) -> tuple:
 
 
 def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
-    """Grid: (N / (32 rows_per_warp warps_n), split_k), ``warps`` warps per CTA; each warp reads
-    ``warp_range``, and the owner warps (K slice 0 of each group) write ``output_cell``s."""
+    """Grid: (N / (32 rows_per_warp warps_n), split_k), or (split_k, N / ...) with ``split_fastest``;
+    ``warps`` warps per CTA; each warp reads ``warp_range``, and the owner warps (K slice 0 of each
+    group) write ``output_cell``s.
+
+    The order matters where an SM holds CTAs of several K ranges at once. The H200 hands out CTAs in
+    blockIdx order, one per SM in turn (observed, not documented), so CTAs i and i + 132 share an SM.
+    Split slowest, a shape with fewer weight-row blocks than a wave holds (N = 5120: 160) puts CTAs
+    of different K ranges on each SM, each streaming its own x. Split fastest at split 3 or 4 (which
+    divide 132), an SM's CTAs share one K range. H200, 2026-12-01 (table configs and their split
+    variants at M = 4-24 on the five default shapes; results/h200_ab_2026-12-01v_split_fastest.json):
+    split fastest took 0.92-1.01x the time at split 4 (faster in 20 of 22 cells) and 0.97-0.99x at
+    split 3, but 0.97-1.04x at split 2, where the wide shapes' waves hold one K range either way, and
+    0.93-1.11x at split 8."""
     import tilelang.language as T
 
     bx, rpw, split_k, warps, depth = config.block_x, config.rows_per_warp, config.split_k, config.warps, config.depth
@@ -693,7 +708,9 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         partials: ops.partials,
         tickets: ops.tickets,
     ):
-        with T.Kernel(n // (example.FRAG_N * rpw * warps_n), split_k, threads=32 * warps) as (bn, bk):
+        grid_n = n // (example.FRAG_N * rpw * warps_n)
+        with T.Kernel(*((split_k, grid_n) if config.split_fastest else (grid_n, split_k)), threads=32 * warps) as (cta_x, cta_y):
+            bn, bk = (cta_y, cta_x) if config.split_fastest else (cta_x, cta_y)
             T.import_source(SKINNY_SOURCE + (WGMMA_SOURCE if config.wgmma else ""))
             T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             x_frag = T.alloc_shared((x_elements + ZERO_SLOT,), T.bfloat16)

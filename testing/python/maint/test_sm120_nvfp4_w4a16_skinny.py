@@ -266,6 +266,14 @@ def test_tuner_wgmma_shapes_keep_their_wgmmas_asynchronous(m):
         assert "0 bytes spill stores" in report and "C751" not in report, (config, report)
 
 
+@pytest.mark.parametrize("m", [1, 8, 16, 24])
+def test_tuner_offers_both_cta_orders_where_split(m):
+    offered = set(tune.skinny_candidates(m, 17408, "sm_90"))
+    split = [c for c in offered if c.split_k > 1]
+    assert split and all(c._replace(split_fastest=not c.split_fastest) in offered for c in split)
+    assert not any(c.split_fastest for c in offered if c.split_k == 1)  # one K range: the order changes nothing
+
+
 def test_tuner_offers_the_wgmma_form_on_sm_90_only():
     assert any(c.wgmma for c in tune.skinny_candidates(24, 5120, "sm_90"))
     assert not any(c.wgmma for c in tune.skinny_candidates(24, 5120, "sm_120"))
@@ -317,6 +325,7 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
         S(24, 2, 2, 4, 2, 2, False),
         S(16, 1, 4, 4, 2, 3, True, 4),
         S(8, 2, 2, 4, 4, 3, False, 2),
+        S(8, 1, 4, 4, 4, 5, False, 1, 0, True),
     ],
 )
 def test_compiles(arch, config):
@@ -387,6 +396,11 @@ REFERENCE_CASES = [
     (5, 16384, 5120, S(8, 1, 16, 4, 10, 4, False, 4, 5)),
     (20, 5120, 6144, S(24, 2, 4, 4, 2, 4, False, 4, 4)),
     (30, 16384, 5120, S(32, 1, 4, 8, 8, 2, False, 8, 4)),
+    # The split index fastest in the grid (split_fastest): both forms, x staged or not, rows past M.
+    (12, 5120, 17408, S(16, 1, 4, 4, 4, 5, False, 1, 0, True)),
+    (7, 5120, 6144, S(8, 1, 3, 4, 4, 5, False, 1, 0, True)),
+    (1, 14336, 5120, S(1, 1, 2, 4, 8, 5, True, 1, 0, True)),
+    (21, 34816, 5120, S(24, 1, 4, 4, 8, 4, False, 4, 4, True)),
 ]
 
 
