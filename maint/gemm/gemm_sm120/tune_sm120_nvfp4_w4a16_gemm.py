@@ -226,10 +226,10 @@ SKINNY_REGISTER_SLACK = 12
 
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
-    tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split (in
-    both CTA orders where split), x staged or not, its depth cut to each warp's k32 blocks and its CTAs per SM to what the shared
-    memory holds, without those whose loop would surely spill (``registers_needed`` past
-    ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
+    tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split
+    (past 1 in both CTA orders, ``split_fastest``), x staged or not, its depth cut to each warp's k32
+    blocks and its CTAs per SM to what the shared memory holds, without those whose loop would surely
+    spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
@@ -240,7 +240,7 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
         warps = skinny.WGMMA_WARPS
         for (depth, ctas, chunk), split in itertools.product(SKINNY_WGMMA_SHAPES, SKINNY_SPLITS):
             out.append(skinny.SkinnyConfig(block_x, 1, split, warps, depth, ctas, False, warps, chunk).depth_within(k))
-    out += [c._replace(split_fastest=True) for c in out if c.split_k > 1]  # both CTA orders (see skinny.build_skinny_kernel)
+    out += [c._replace(split_fastest=True) for c in out if c.split_k > 1]  # see skinny.build_skinny_kernel
     return [c for c in out if c.registers_needed() <= c.registers() + SKINNY_REGISTER_SLACK]
 
 

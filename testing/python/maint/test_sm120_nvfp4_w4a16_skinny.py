@@ -342,6 +342,16 @@ def test_compiles(arch, config):
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
 
+@pytest.mark.parametrize("split_fastest", [False, True])
+def test_split_index_sits_on_the_grid_axis_the_order_says(split_fastest):
+    """The warp's x column is its CTA's split index times the split's K range: blockIdx.x with
+    ``split_fastest`` (the CTAs of one weight-row block are neighbours), else blockIdx.y."""
+    config = S(8, 1, 3, 4, 4, 5, False, 1, 0, split_fastest)
+    source = skinny.compile_skinny(5120, 6144, config, "sm_90").get_kernel_source()
+    x_col = re.search(r"\(&\(x\[0\]\)\), \(\(\(int\)blockIdx\.([xy])\) \* (\d+)\)", source)
+    assert x_col and x_col.groups() == ("x" if split_fastest else "y", str(config.cta_blocks(6144) * 32))
+
+
 def test_split_exchange_loads_every_split_at_once():
     """8 accumulators x 4 splits are within EXCHANGE_BATCH_LOADS: the dense exchange (M = 5-8 of an
     8-row block) unrolls its loop over the splits, so all its loads go out in one L2 round trip."""
