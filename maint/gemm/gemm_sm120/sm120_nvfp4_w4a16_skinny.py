@@ -247,12 +247,19 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
 # rings (one kernel serves M = 2-8 and one M = 9-16: the rings copy rows by M); the smallest
 # power-of-two split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; a ring of
 # HEURISTIC_DEEP_RING k32 blocks where a warp's K slice has HEURISTIC_DEEP_MIN_BLOCKS or more and x
-# fits one n8 tile, else HEURISTIC_RING (8 deep at 16 rows needs more registers than 5 CTAs leave).
+# fits one n8 tile, else HEURISTIC_RING (8 deep at 16 rows needs more registers than 5 CTAs leave);
+# the split index fastest (``split_fastest``) where the rings read x and the split divides the SM
+# count, so that an SM's CTAs share one K range of x.
 # Fitted to the tuner's timings on the H200 (2026-12-01; the five default shapes at M = 1, 4, 8, 16
 # and four untuned ones, 4096x4096, 11008x4096, 4096x11008 and 6144x4096, at M = 1, 8, 16:
 # results/h200_timings_2026-12-01{l_skinny_retune,m_odd_splits_m1-8,n_skinny_m16,p_untuned_skinny_m1-16}.json).
-# Over those 32 cells the rule's configs take 1.016x the winners' summed time (at most 1.10x, 4096x4096
-# M = 16), where the rule before (3 CTAs per SM, depth 4, M <= 8; the wgmma kernels at M = 9-16) took
+# Over those 32 cells the rule's configs took 1.016x the winners' summed time (at most 1.10x, 4096x4096
+# M = 16). The CTA order was fitted later (2026-12-01w: 4096x4096, 4096x11008 and 6144x4096 re-timed at
+# M = 1, 4, 8, 16, results/h200_timings_2026-12-01w_heuristic_split_fastest.json, and 5120x17408 and
+# 5120x6144 from the re-tune of 2026-12-01v): over the 35 cells the rule takes 1.017x the winners' time
+# with the split fastest and 1.031x without (4096x4096 M = 8: 6.73 us against 7.19); with x staged
+# (M = 1) the order made no difference but on 4096x4096, where split-fastest was slower (6.36 against
+# 6.24). The rule before (3 CTAs per SM, depth 4, M <= 8; the wgmma kernels at M = 9-16) took
 # 1.044x at M <= 8 and up to 1.39x per cell on the untuned shapes: 6144x4096 M = 8 ran 10.93 us at
 # split 4 (768 CTAs, 1.16 waves of 660 slots) against 7.89 at split 2, 11008x4096 M = 8 13.18 at
 # split 2 against 10.35 unsplit and 8 deep. At M = 9-16 the skinny kernel beat the wgmma kernel's
@@ -278,7 +285,9 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     while n // example.FRAG_N * split < HEURISTIC_MIN_CTAS_PER_SM * sm_count and split < HEURISTIC_MAX_SPLIT and k_blocks % (2 * split * HEURISTIC_WARPS) == 0:
         split *= 2
     block_x = 1 if m == 1 else X_TILE_ROWS if m <= X_TILE_ROWS else HEURISTIC_MAX_M
-    config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, HEURISTIC_CTAS_PER_SM, stage_x=m == 1)
+    stage_x = m == 1
+    split_fastest = split > 1 and not stage_x and sm_count % split == 0
+    config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, HEURISTIC_CTAS_PER_SM, stage_x=stage_x, split_fastest=split_fastest)
     if block_x <= X_TILE_ROWS and config.warp_blocks(k) >= HEURISTIC_DEEP_MIN_BLOCKS:
         config = config._replace(depth=HEURISTIC_DEEP_RING)
     config = config.depth_within(k)

@@ -158,6 +158,7 @@ def test_heuristic_configs_fit_up_to_two_n8_tiles(n, k):
         skinny.check_skinny_config(config, n, k, "sm_90")
         assert config.stage_x == (m == 1)  # the warps' x rings above one row
         assert config.rows_per_warp == 1, (m, n, k, config)
+        assert config.split_fastest == (config.split_k > 1 and m > 1 and 132 % config.split_k == 0), config
         assert config.registers_needed() <= config.registers(), config
         # the smallest power-of-two split that reaches the CTA target, or the largest K allows
         target, ctas = skinny.HEURISTIC_MIN_CTAS_PER_SM * 132, n // nv.FRAG_N * config.split_k
@@ -173,17 +174,19 @@ def test_heuristic_configs_fit_up_to_two_n8_tiles(n, k):
 
 # The tuner's timings the heuristic was fitted to (H200), newest first: a cell takes the first file's.
 HEURISTIC_TIMINGS = [
+    "h200_timings_2026-12-01w_heuristic_split_fastest.json",
+    "h200_timings_2026-12-01v_split_fastest_retune.json",
     "h200_timings_2026-12-01p_untuned_skinny_m1-16.json",
     "h200_timings_2026-12-01m_odd_splits_m1-8.json",
     "h200_timings_2026-12-01n_skinny_m16.json",
     "h200_timings_2026-12-01l_skinny_retune.json",
 ]
-HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells (1.016 when fitted)
+HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells (1.017 when fitted)
 
 
 def test_heuristic_against_the_tuner_timings():
-    """In each of the 32 cells (the five default shapes at M = 1, 4, 8, 16, four others at M = 1, 8,
-    16) the tuner timed the rule's config, and over all of them it takes at most HEURISTIC_FIT x the
+    """In each of the 35 cells (the five default shapes at M = 1, 4, 8, 16, four others at M = 1, 8,
+    16, three of them at M = 4 too) the tuner timed the rule's config, and over all of them it takes at most HEURISTIC_FIT x the
     winners' summed time. The rule's M = 2-8 config holds 8 rows and was timed as the same kernel at
     ``block_x_for(m)`` (one n8 tile either way; the rings copy rows by M)."""
     cells = {}
@@ -200,7 +203,7 @@ def test_heuristic_against_the_tuner_timings():
         timed_as = config._replace(block_x=skinny.block_x_for(m)) if 1 < m <= skinny.X_TILE_ROWS else config
         assert timed_as in times, ((n, k, m), config)
         ours, best = ours + times[timed_as], best + min(times.values())
-    assert len(cells) == 32 and ours <= HEURISTIC_FIT * best, (len(cells), ours, best)
+    assert len(cells) == 35 and ours <= HEURISTIC_FIT * best, (len(cells), ours, best)
 
 
 @pytest.mark.parametrize(
