@@ -115,6 +115,13 @@ WGMMA_STREAMK = maint.WgmmaStreamKConfig(stages=4, ctas_per_sm=2)
 # 34816x5120 (4-6 %) and 5120x6144 (split-K); at M = 16 they lost both cells that had a wgmma base
 # (34816x5120, 5120x6144).
 TWO_WARPGROUP_MIN_M = 16
+# Their 128-deep stream-K form also with this many stages where the deepest pipeline is deeper.
+# 8 was the deepest at 32 rows when it won 5120x17408 (2026-11-30k, above); once the deepest grew to
+# 13, only 4 and 13 were offered, and 8 beat both at M = 17-32 on the two shapes that need stream-K
+# there (H200, 2026-12-01w, results/h200_ab_2026-12-01w_streamk_whole_waves_m17-32.json: 5120x17408
+# M = 24 and 32 in 24.70 and 25.12 us against 26.36-26.69 with 4 or 13 stages and the table's 25.68
+# and 26.62; 34816x5120 M = 32 in 42.92 against 46.01-46.15).
+TWO_WARPGROUP_STREAMK_STAGES = 8
 # Each also with 128-deep k tiles where four stages fit (up to 176 rows). H200, 2026-11-30g, twins of
 # the table's configs on the five default shapes: at 144 rows (5 stages, or 4 as stream-K) stream-K
 # won 3-14 % on the three stream-K shapes (34816x5120 M = 144: 96.1 us against 111.6); with the three
@@ -286,7 +293,10 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 if bk == hopper.DEEP_K and stages < WGMMA_DEEP_K_MIN_STAGES:
                     continue
                 streamk = WGMMA_STREAMK._replace(block_x=bx, block_k=bk, ctas_per_sm=1, tma_loads=True, warpgroups=2)
-                streamks = [streamk._replace(stages=st) for st in sorted({min(WGMMA_STREAMK.stages, stages), stages})]
+                depths = {min(WGMMA_STREAMK.stages, stages), stages}
+                if bk == hopper.DEEP_K:
+                    depths.add(min(TWO_WARPGROUP_STREAMK_STAGES, stages))
+                streamks = [streamk._replace(stages=st) for st in sorted(depths)]
                 unsplit = W(bx, stages, 1, 2, bk=bk)._replace(tma_loads=True)  # the producer needs TMA, at any x block
                 out += [c._replace(producer=producer) for c in (unsplit, *streamks) for producer in (False, True)]
                 if m > WGMMA_SMALL_M and bk == hopper.DEEP_K and bx <= SPLIT_PRODUCER_MAX_BLOCK_X:
@@ -316,10 +326,11 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-28 on sm_120, 26-74 on sm_90 over the default shapes;
-    compiling is the tuner's cost): the dispatch's and both heuristics' choices, the fragment kernel
-    over every split with one or two k groups, stream-K over the heuristic's tile, and on sm_90 the
-    wgmma kernel (``wgmma_candidates``)."""
+    """Configs worth timing at this M (2-93 on sm_120, 27-160 on sm_90 over the default shapes and
+    the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
+    and both heuristics' choices, the fragment kernel over every split with one or two k groups,
+    stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at
+    M <= 32 the skinny kernel (``skinny_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()

@@ -205,6 +205,9 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert sk.WgmmaStreamKConfig(96, 64, 4, 1, True, 2, True) in two
     # stream-K also with the deepest pipeline one CTA holds (2026-11-30k)
     assert sk.WgmmaStreamKConfig(96, 128, wg.deepest_stages(96, ctas_per_sm=1, block_k=128), 1, True, 2, True) in two
+    # and, 128 deep, with TWO_WARPGROUP_STREAMK_STAGES between 4 and the deepest (13 at 32 rows; 2026-12-01w)
+    streamk = {c.stages for c in tune.candidates(32, 5120, 17408, "sm_90") if isinstance(c, sk.WgmmaStreamKConfig) and c.warpgroups == 2 and c.block_k == 128}
+    assert streamk == {4, tune.TWO_WARPGROUP_STREAMK_STAGES, wg.deepest_stages(32, ctas_per_sm=1, block_k=128)} and len(streamk) == 3
     assert {c.block_x for c in tune.candidates(32, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2} == {32}
     # Above 128 rows also two warpgroups' 128-deep stream-K over one warpgroup's tight block (2026-11-30s)
     for m, block_x in ((144, 80), (256, 128), (1024, 128)):
