@@ -259,12 +259,13 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
 # 5120x6144 from the re-tune of 2026-12-01v): over the 35 cells the rule takes 1.017x the winners' time
 # with the split fastest and 1.031x without (4096x4096 M = 8: 6.73 us against 7.19). With x staged
 # (M = 1) the order changed the times by 0.5 % or less, except on 4096x4096, where the split fastest
-# was slower (6.36 against 6.24), so staged x keeps the split slowest. The rule before (3 CTAs per SM, depth 4, M <= 8; the wgmma kernels at M = 9-16) took
-# 1.044x at M <= 8 and up to 1.39x per cell on the untuned shapes: 6144x4096 M = 8 ran 10.93 us at
-# split 4 (768 CTAs, 1.16 waves of 660 slots) against 7.89 at split 2, 11008x4096 M = 8 13.18 at
-# split 2 against 10.35 unsplit and 8 deep. At M = 9-16 the skinny kernel beat the wgmma kernel's
-# heuristic on three of the four untuned shapes (11008x4096 12.28 us against 13.79, 4096x11008 14.64
-# against 16.52, 6144x4096 8.96 against 10.47) and lost 4096x4096 (8.58 against 8.23).
+# was slower (6.36 against 6.24), so staged x keeps the split slowest. The rule before (3 CTAs per
+# SM, depth 4, M <= 8; the wgmma kernels at M = 9-16) took 1.044x at M <= 8 and up to 1.39x per
+# cell on the untuned shapes: 6144x4096 M = 8 ran 10.93 us at split 4 (768 CTAs, 1.16 waves of 660
+# slots) against 7.89 at split 2, 11008x4096 M = 8 13.18 at split 2 against 10.35 unsplit and 8
+# deep. At M = 9-16 the skinny kernel beat the wgmma kernel's heuristic on three of the four untuned
+# shapes (11008x4096 12.28 us against 13.79, 4096x11008 14.64 against 16.52, 6144x4096 8.96 against
+# 10.47) and lost 4096x4096 (8.58 against 8.23).
 HEURISTIC_MAX_M = 2 * X_TILE_ROWS
 HEURISTIC_MIN_CTAS_PER_SM = 2.5
 HEURISTIC_WARPS = 4

@@ -186,8 +186,8 @@ HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells 
 
 def test_heuristic_against_the_tuner_timings():
     """In each of the 35 cells (the five default shapes at M = 1, 4, 8, 16, four others at M = 1, 8,
-    16, three of them at M = 4 too) the tuner timed the rule's config, and over all of them it takes at most HEURISTIC_FIT x the
-    winners' summed time. The rule's M = 2-8 config holds 8 rows and was timed as the same kernel at
+    16, three of them at M = 4 too) the tuner timed the rule's config, and over all of them it takes
+    at most HEURISTIC_FIT x the winners' summed time. The rule's M = 2-8 config holds 8 rows and was timed as the same kernel at
     ``block_x_for(m)`` (one n8 tile either way; the rings copy rows by M)."""
     cells = {}
     for name in HEURISTIC_TIMINGS:
