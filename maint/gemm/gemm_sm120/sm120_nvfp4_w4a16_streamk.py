@@ -369,6 +369,10 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     return nvfp4_w4a16_streamk
 
 
+# The widest x block whose whole tiles run the k loop with a static trip count (build_wgmma_streamk_kernel).
+STATIC_WHOLE_TILE_MAX_X = 32
+
+
 def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     """Stream-K over the wgmma kernel for an ``N x K`` weight (sm_90a); the grid size is a run-time scalar.
 
@@ -376,7 +380,8 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     share weights through L2). The first ``sk_tiles`` tiles (a run-time scalar, ``streamk_tiles``)
     run as stream-K: CTA ``g``'s range of their (tile, k tile) iterations is cut into segments, one
     per tile it touches; then, with ``streamk_waves``, it takes tiles ``sk_tiles + g + j * grid``
-    whole. Each segment runs the wgmma kernel's pipeline with a run-time k-tile count. A
+    whole. Each segment runs the wgmma kernel's pipeline, a whole tile's with its k-tile count
+    static where the x block is narrow (``STATIC_WHOLE_TILE_MAX_X``), a piece's with a run-time one. A
     segment that covers its whole tile stores it; pieces go through ``streamk_fixup``. With a
     producer warpgroup (``config.producer``) it walks the same segments issuing the loads while the
     consumers run ``pipe.consume`` on each and store or fix up; they meet only at the stage barriers.
@@ -411,6 +416,26 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
 
     def where(phase, s, g, begin, end, sk_tiles, grid):
         return streamk_segment(phase, s, begin, end, g, sk_tiles, grid, k_tiles, T.if_then_else)
+
+    # A whole tile's pipeline loop with its trip count static, as the whole-tile kernel's; a piece's
+    # with a run-time count. With the run-time count for every segment, stream-K took 1.06x the time
+    # of the static loop for the same tiles (H200, 16384x5120 M = 32 at 128 CTAs, one tile each: 21.12
+    # against 19.90 us; whole tiles 18.87; results/h200_ab_2026-12-01x_whole_tile_static.json). Only
+    # for narrow x blocks, where the loop's overhead is a share of little work per k tile: the second
+    # loop body costs registers, and wider blocks spilled (256 rows) or had their wgmmas serialized
+    # (48 rows, two CTAs per SM).
+    @T.macro
+    def static_when_whole(run, count, kt0):
+        if count == k_tiles:
+            run(k_tiles, 0)
+        else:
+            run(count, kt0)
+
+    def run_segment(run, count, kt0):
+        if bx <= STATIC_WHOLE_TILE_MAX_X:
+            static_when_whole(run, count, kt0)
+        else:
+            run(count, kt0)
 
     @T.macro
     def summed_here(summed):
@@ -463,14 +488,20 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                     for phase in T.unroll(phases):
                         for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
                             tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
-                            pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx)
+                            run_segment(
+                                lambda count, kt0: pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, M, tx), count, kt0
+                            )
                             segment[4] = base + count
                 else:
                     T.set_max_nreg(pipe.consumer_registers, 1)
                     for phase in T.unroll(phases):
                         for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
                             tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
-                            pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                            run_segment(
+                                lambda count, kt0: pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx),
+                                count,
+                                kt0,
+                            )
                             segment[4] = base + count
                             last_stage = (segment[4] - 1) % stages
                             finish(acc, x_tiles, last_stage, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)
@@ -479,7 +510,9 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
                 for phase in T.unroll(phases):
                     for s in T.serial(*phase_loop(phase, g, begin, end, tiles_x * tiles_n, sk_tiles, grid)):
                         tile, bm, bn, count, kt0, base = cut(segment, where(phase, s, g, begin, end, sk_tiles, grid), tiles_x)
-                        pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx)
+                        run_segment(
+                            lambda count, kt0: pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, M, tx), count, kt0
+                        )
                         segment[4] = base + count
                         T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
                         finish(acc, x_tiles, (segment[4] - 1) % stages, ticket, summed, g, tile, iterations, grid, count, bm, bn, tx, y, alpha_x128, partials, tickets)

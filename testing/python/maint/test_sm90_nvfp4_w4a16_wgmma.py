@@ -1145,6 +1145,36 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
 @pytest.mark.parametrize(
     "config",
     [
+        sk.WgmmaStreamKConfig(32, 128, 8, 1, True, 2, True),  # two warpgroups and a producer
+        sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False),  # 34816x5120 and 5120x17408 M = 18-32 in the H200 table
+        sk.WgmmaStreamKConfig(32, 128, 4, 2, False, 1, False),  # cp.async
+        sk.WgmmaStreamKConfig(16, 64, 8, 2, True, 2, True, 2),
+    ],
+)
+def test_narrow_streamk_runs_whole_tiles_with_a_static_trip_count(config):
+    """At x blocks up to STATIC_WHOLE_TILE_MAX_X a segment that covers its whole tile runs the k loop
+    with a static trip count (40 k tiles of 128 at K = 5120, the wgmma loop unrolled by two: 20; 80
+    of 64: 40), a piece with its run-time count, and the second loop body neither spills nor
+    serializes the wgmmas."""
+    assert config.block_x <= sk.STATIC_WHOLE_TILE_MAX_X
+    source = sk.compile_wgmma_streamk(16384, 5120, config).get_kernel_source()
+    assert re.search(rf"for \(int t2\w* = 0; t2\w* < {5120 // config.block_k // 2};", source), "no static whole-tile loop"
+    assert re.search(r"for \(int t2\w* = 0; t2\w* < \(count\w* >> 1\);", source), "no run-time piece loop"
+    report = ptxas_report(source)
+    assert " 0 bytes spill stores" in report and "C7512" not in report and "C7513" not in report, report
+
+
+def test_wide_streamk_keeps_one_run_time_loop():
+    """Wider x blocks keep the one run-time loop: with the static one too, 48 rows at two CTAs per SM
+    had ptxas serialize the wgmmas (C7512) and 256 rows with a producer spilled."""
+    source = sk.compile_wgmma_streamk(34816, 5120, sk.WgmmaStreamKConfig(48, 128, 5, 2, False, 1, False)).get_kernel_source()
+    assert not re.search(r"for \(int t2\w* = 0; t2\w* < 20;", source)
+    assert "C7512" not in ptxas_report(source)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
         sk.WgmmaStreamKConfig(block_x=12),
         sk.WgmmaStreamKConfig(stages=2),
         sk.WgmmaStreamKConfig(ctas_per_sm=3),
