@@ -133,6 +133,11 @@ TWO_WARPGROUP_STREAMK_STAGES = 8
 # tuning, 60 cells at M = 192-1024: 1.04x their 64-deep twins' time on geometric mean, 0.94-1.15x),
 # so the floor stays.
 WGMMA_DEEP_K_MIN_STAGES = 4
+# Narrow one-warpgroup 128-deep stream-K is raced with TMA loads too, against the cp.async that
+# ``hopper.tma_loads_for`` gives x blocks this narrow: on 34816x5120 (two CTAs per SM, 6 stages) TMA
+# ran M = 24 in 38.00 us against 39.85 and M = 32 in 37.95 against 40.32 (H200, 2026-12-01x,
+# results/h200_ab_2026-12-01x_narrow_streamk_tma.json).
+TMA_STREAMK_MAX_BLOCK_X = 32
 # Split-K on two consumer warpgroups and a producer, 128-deep k tiles, at M <= WGMMA_SMALL_M: on
 # 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
 # one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k). The tuning of
@@ -284,7 +289,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         out.append(streamk)
         deepest = hopper.deepest_stages(bx, streamk.ctas_per_sm, hopper.DEEP_K)
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
-            out += [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
+            deep = [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
+            out += deep + [c._replace(tma_loads=True) for c in deep if bx <= TMA_STREAMK_MAX_BLOCK_X]
     if m > TWO_WARPGROUP_MIN_M:
         covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
         for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):
@@ -326,7 +332,7 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-93 on sm_120, 27-160 on sm_90 over the default shapes and
+    """Configs worth timing at this M (2-93 on sm_120, 27-162 on sm_90 over the default shapes and
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at

@@ -216,6 +216,22 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
 
 
+def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
+    """One-warpgroup 128-deep stream-K is offered with TMA loads beside cp.async up to
+    TMA_STREAMK_MAX_BLOCK_X rows (it won 34816x5120 M = 17-32 with TMA, 2026-12-01x), with the
+    loader ``tma_loads_for`` gives only above."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    def one_warpgroup_deep(m):
+        return {c for c in tune.candidates(m, 34816, 5120, "sm_90") if isinstance(c, sk.WgmmaStreamKConfig) and c.warpgroups == 1 and c.block_k == 128}
+
+    narrow = one_warpgroup_deep(32)
+    assert narrow and {c._replace(tma_loads=not c.tma_loads) for c in narrow} == narrow
+    assert sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False) in narrow  # the H200 table's winner
+    wide = one_warpgroup_deep(48)
+    assert wide and all(c.tma_loads == wg.tma_loads_for(c.block_x) for c in wide)
+
+
 @pytest.mark.parametrize("m, block_x", [(232, 80), (384, 128), (512, 176), (608, 208), (768, 256)])
 def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
     """N = 5120 has 40 weight tiles: three x blocks fill one wave of 132 SMs with 120 whole tiles.
