@@ -292,6 +292,25 @@ def test_tuner_final_race_breaks_close_calls_with_more_rounds(monkeypatch):
     assert final == [(10.05, 1), (10.6, 0), (11.0, 2), (12.0, 3)]
 
 
+def test_tuner_final_race_does_not_believe_a_lucky_round(monkeypatch):
+    """A config whose best round is more than ``LUCKY_ROUND`` under its median ranks by the median:
+    config 0 runs 35.6 us but once 29.7 (the H200's 34816x5120 M = 16, 2026-12-01y), config 1 runs
+    34.0 every time; 1 wins. Drift of a few per cent keeps the best round (config 2: 33.0, 34.0, 34.2)."""
+    rounds = {0: iter([29.7, 35.6, 35.6]), 1: iter([34.0] * 3), 2: iter([34.2, 33.0, 34.0])}
+
+    class FakeTimer:
+        def __init__(self, config):
+            self.config = config
+
+        def per_call_us(self, heat_ms=0.0):
+            return next(rounds[self.config])
+
+    monkeypatch.setattr(tune, "graph_timer", lambda x, weights, config: FakeTimer(config))
+    final = tune.final_race(None, None, [(30.0, 0), (34.0, 1), (34.1, 2)])
+    assert final == [(33.0, 2), (34.0, 1), (35.6, 0)]
+    assert tune.ranking_us([10.0, 10.4, 10.5]) == 10.0 and tune.ranking_us([8.0, 10.0, 10.0]) == 10.0
+
+
 def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     """``--twins FIELD=VALUE[,...]``: integers and booleans; a twin is the dispatch's config with those
     fields changed, left out where the config has no such field or the twin does not fit."""
