@@ -430,7 +430,7 @@ def final_race(x: torch.Tensor, weights: list, timed: list, heat_ms: float = 0.0
     round gives way to the median (``ranking_us``)."""
     timers = {config: graph_timer(x, weights, config) for _, config in timed[:FINALISTS]}
 
-    def race(configs, rounds: int) -> list:  # [(best round, config)], fastest first
+    def race(configs, rounds: int) -> list:  # [(ranking_us of its rounds, config)], fastest first
         times = bench.race({config: timers[config] for config in configs}, rounds, heat_ms)
         return sorted(((ranking_us(us), config) for config, us in times.items()), key=lambda t: t[0])
 
