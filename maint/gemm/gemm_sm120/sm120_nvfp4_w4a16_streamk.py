@@ -369,9 +369,6 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     return nvfp4_w4a16_streamk
 
 
-# The widest x block whose whole tiles run the k loop with a static trip count (build_wgmma_streamk_kernel).
-STATIC_WHOLE_TILE_MAX_X = 32
-
 
 def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     """Stream-K over the wgmma kernel for an ``N x K`` weight (sm_90a); the grid size is a run-time scalar.
@@ -381,7 +378,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     run as stream-K: CTA ``g``'s range of their (tile, k tile) iterations is cut into segments, one
     per tile it touches; then, with ``streamk_waves``, it takes tiles ``sk_tiles + g + j * grid``
     whole. Each segment runs the wgmma kernel's pipeline, a whole tile's with its k-tile count
-    static where the x block is narrow (``STATIC_WHOLE_TILE_MAX_X``), a piece's with a run-time one. A
+    static where the x block is narrow (``hopper.TWO_LOOPS_MAX_BLOCK_X``), a piece's with a run-time one. A
     segment that covers its whole tile stores it; pieces go through ``streamk_fixup``. With a
     producer warpgroup (``config.producer``) it walks the same segments issuing the loads while the
     consumers run ``pipe.consume`` on each and store or fix up; they meet only at the stage barriers.
@@ -421,9 +418,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     # with a run-time count. With the run-time count for every segment, stream-K took 1.06x the time
     # of the static loop for the same tiles (H200, 16384x5120 M = 32 at 128 CTAs, one tile each: 21.12
     # against 19.90 us; whole tiles 18.87; results/h200_ab_2026-12-01x_whole_tile_static.json). Only
-    # for narrow x blocks, where the loop's overhead is a share of little work per k tile: the second
-    # loop body costs registers, and wider blocks spilled (256 rows) or had their wgmmas serialized
-    # (48 rows, two CTAs per SM).
+    # for narrow x blocks (``hopper.TWO_LOOPS_MAX_BLOCK_X``).
     @T.macro
     def static_when_whole(run, count, kt0):
         if count == k_tiles:
@@ -432,7 +427,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
             run(count, kt0)
 
     def run_segment(run, count, kt0):
-        if bx <= STATIC_WHOLE_TILE_MAX_X:
+        if bx <= hopper.TWO_LOOPS_MAX_BLOCK_X:
             static_when_whole(run, count, kt0)
         else:
             run(count, kt0)

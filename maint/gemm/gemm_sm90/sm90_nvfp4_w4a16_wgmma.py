@@ -158,8 +158,9 @@ class WgmmaConfig(NamedTuple):
     """``block_x`` rows of x per CTA (the wgmma N: a multiple of 8; at most 128 on one warpgroup and
     ``MAX_BLOCK_X`` on two, so the accumulators fit), ``block_k`` = 64 or 128 (one or two 64-wide x
     panels of 128-byte swizzled rows per stage), ``stages`` shared-memory stages (at least 3: see
-    ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example),
-    ``tma_loads``: load the stages by TMA instead of cp.async (see ``wgmma_pipeline``),
+    ``wgmma_pipeline``), ``split_k`` CTAs per output tile (grid.y, reduced as in the example; it
+    need not divide the k tiles: ``split_k_tiles``), ``tma_loads``: load the stages by TMA instead
+    of cp.async (see ``wgmma_pipeline``),
     ``warpgroups``: 1, or 2 with one m64 atom each (see the module docstring; needed above 128 x
     rows, where the x block goes in 16-row steps), ``producer``: one more warpgroup issues the TMA
     loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
@@ -175,6 +176,7 @@ class WgmmaConfig(NamedTuple):
     producer: bool = False
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
+    UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
     MAX_ACCUMULATORS = MAX_BLOCK_X // 2  # ... and two warpgroups' one atom of up to MAX_BLOCK_X columns
 
@@ -947,25 +949,48 @@ def wgmma_pipeline(
     )
 
 
+# The widest x block whose kernels may compile the pipeline's k loop twice, each with a static trip
+# count (stream-K's whole tiles and pieces, an uneven split's two counts): there the loop's overhead
+# is a share of little work per k tile. The second loop body costs registers: wider blocks spilled
+# (256 rows with a producer) or had their wgmmas serialized (48 rows, two CTAs per SM; C7512).
+TWO_LOOPS_MAX_BLOCK_X = 32
+
+
+# A split need not divide the k tiles: the first ``k_tiles % split_k`` splits take one k tile more
+# (5120x17408 has 136 k tiles of 128 and 40 weight tiles: split 3 gives 120 CTAs of 45-46 k tiles,
+# where split 4 would give 160 CTAs for 132 SMs). Where the x block is narrow
+# (``TWO_LOOPS_MAX_BLOCK_X``) each of the two counts gets its own static k loop, as whole tiles do in
+# stream-K; wider blocks run one loop with a run-time count.
+def split_k_tiles(k_tiles: int, split_k: int, split_index, select=lambda c, a, b: a if c else b) -> tuple:
+    """``(count, first k tile)`` of split ``split_index`` of ``k_tiles``; ``select(c, a, b)`` picks
+    between run-time values (``T.if_then_else`` in a kernel)."""
+    shortest, longer = divmod(k_tiles, split_k)
+    count = select(split_index < longer, shortest + 1, shortest)
+    return count, split_index * shortest + select(split_index < longer, split_index, longer)
+
+
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)): each
-    CTA runs one ``wgmma_pipeline`` segment over its split's k tiles (with a producer: the producer
-    loads them, the consumers run them), then stores or exchanges."""
+    CTA runs one ``wgmma_pipeline`` segment over its split's k tiles (``split_k_tiles``; with a
+    producer: the producer loads them, the consumers run them), then stores or exchanges."""
     import tilelang.language as T
 
     bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
     rows = CTA_ROWS
-    k_tiles = k // split_k // bk
+    k_tiles = k // bk
+    longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
+    side = lambda longer_split: lambda c, a, b: a if longer_split else b  # noqa: E731  (a select whose branch is known)
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
     acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
-    last_stage = (k_tiles - 1) % stages  # where ``pipe.store`` stages the output tile
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
     @T.macro
-    def finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, tx):
-        """The consumers' result: stored, or exchanged and stored by the split's last CTA."""
+    def finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx):
+        """The consumers' result, staged through the stage of the split's last k tile: stored, or
+        exchanged and stored by the split's last CTA."""
+        last_stage = (count - 1) % stages
         if split_k == 1:
             pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
         else:
@@ -973,6 +998,23 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             exchange(acc, row_of, partials, tickets, ticket, bm * (n // rows) + bn, split_index, M, tx, True)
             if ticket[0] == split_k - 1:
                 pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
+
+    @T.macro
+    def run(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, split_index, bm, tx, count, kt0):
+        """This CTA's k tiles ``kt0 .. kt0 + count``, then its result."""
+        x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = stage_buffers
+        row_of = lambda q: x_row(q, bm, tx % 32)  # noqa: E731
+        if config.producer:  # the producer is done after its last load; the consumers finish
+            if tx >= pipe.consumer_threads:
+                T.set_max_nreg(pipe.producer_registers, 0)
+                pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, 0, bm, bn, M, tx)
+            else:
+                T.set_max_nreg(pipe.consumer_registers, 1)
+                pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, 0, bm, bn, M, tx)
+                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx)
+        else:
+            pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, 0, bm, bn, M, tx)
+            finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -985,21 +1027,17 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         tickets: ops.tickets,
     ):
         with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = pipe.setup()
+            stage_buffers = pipe.setup()
             tx = T.get_thread_binding()
-            row_of = lambda q: x_row(q, bm, tx % 32)  # noqa: E731
-            kt0 = bk_index * k_tiles
-            if config.producer:  # the producer is done after its last load; the consumers finish
-                if tx >= pipe.consumer_threads:
-                    T.set_max_nreg(pipe.producer_registers, 0)
-                    pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, k_tiles, kt0, 0, bm, bn, M, tx)
-                else:
-                    T.set_max_nreg(pipe.consumer_registers, 1)
-                    pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
-                    finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, bk_index, tx)
+            operands = (x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, bk_index, bm, tx)
+            if longer == 0:
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=False)))
+            elif bx > TWO_LOOPS_MAX_BLOCK_X:
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, T.if_then_else))
+            elif bk_index < longer:  # each count static
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=True)))
             else:
-                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, k_tiles, kt0, 0, bm, bn, M, tx)
-                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, bk_index, tx)
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=False)))
 
     return nvfp4_w4a16_wgmma
 

@@ -392,7 +392,8 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     """Two consumer warpgroups, a producer and 128-deep k tiles, split over every split that divides
     K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
-    rows. Up to it: SPLIT_PRODUCER_STAGES, and the deepest pipeline that the split's k tiles fill."""
+    rows. Up to it: SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES and the deepest pipeline that
+    the split's k tiles fill."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
@@ -403,12 +404,64 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     expected = set()
     for s in tune.WGMMA_SPLITS:
         k_tiles = 6144 // 128 // s
-        for stages in (tune.SPLIT_PRODUCER_STAGES, min(deepest, k_tiles)) if small_m else (deepest,):
+        for stages in (tune.SPLIT_PRODUCER_STAGES, tune.TWO_WARPGROUP_STREAMK_STAGES, min(deepest, k_tiles)) if small_m else (deepest,):
             if k_tiles >= stages:  # a stage per k tile of a split at most
                 expected.add(wg.WgmmaConfig(block_x, 128, stages, s, True, 2, True))
     assert split == expected
     if small_m:  # 17 stages at 16 rows: split 3 gets one stage per k tile, 16
         assert wg.WgmmaConfig(block_x, 128, min(deepest, 16), 3, True, 2, True) in split and min(deepest, 16) > tune.SPLIT_PRODUCER_STAGES
+
+
+def test_tuner_offers_uneven_splits_by_tma_on_narrow_blocks():
+    """Up to TMA_STREAMK_MAX_BLOCK_X rows, one warpgroup's 128-deep split-K by TMA at
+    UNEVEN_SPLIT_TMA_STAGES for every split, those that leave a remainder of k tiles included
+    (5120x17408: 136 k tiles; splits 3, 6 and 8 do not divide them); none for wider blocks."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    def tma_splits(m):
+        return {
+            c.split_k
+            for c in tune.candidates(m, 5120, 17408, "sm_90")
+            if isinstance(c, wg.WgmmaConfig) and c.tma_loads and not c.producer and c.block_k == wg.DEEP_K and c.stages == tune.UNEVEN_SPLIT_TMA_STAGES
+        }
+
+    assert tma_splits(32) == set(tune.WGMMA_SPLITS) and any(17408 // 128 % s for s in tune.WGMMA_SPLITS)
+    assert not tma_splits(48)
+
+
+def test_split_k_tiles_cover_the_k_tiles_in_order():
+    """Every split's k tiles follow the previous split's, the first ``k_tiles % split_k`` splits take
+    one more, and together they are all the k tiles."""
+    for k_tiles in range(1, 50):
+        for split in range(1, k_tiles + 1):
+            ranges = [wg.split_k_tiles(k_tiles, split, i) for i in range(split)]
+            assert [kt0 for _, kt0 in ranges] == [sum(c for c, _ in ranges[:i]) for i in range(split)]
+            assert sum(c for c, _ in ranges) == k_tiles
+            assert [c for c, _ in ranges] == sorted((c for c, _ in ranges), reverse=True) and ranges[0][0] - ranges[-1][0] <= 1
+
+
+def test_uneven_split_k_is_for_the_wgmma_kernel_only():
+    """A split that leaves a remainder of k tiles fits the wgmma kernel (``UNEVEN_SPLIT_K``), not
+    the example's kernels; every split still holds ``stages`` k tiles."""
+    wg.check_wgmma_config(wg.WgmmaConfig(32, 128, 8, 3, True, 2, True), 5120, 17408)  # 45-46 k tiles per split
+    with pytest.raises(ValueError, match="must divide K"):
+        nv.check_config(nv.FragConfig(16, 128, 128, split_k=3), 5120, 17408)
+    with pytest.raises(ValueError, match="at least `stages` k tiles"):
+        wg.check_wgmma_config(wg.WgmmaConfig(32, 128, 13, 16, True, 2, True), 5120, 17408)  # 8-9 k tiles per split
+
+
+def test_uneven_split_runs_each_count_with_a_static_trip_count():
+    """Narrow x blocks (TWO_LOOPS_MAX_BLOCK_X) run the longer and the shorter splits' k loops with
+    static trip counts (5120x17408 at split 3: 46 and 45 k tiles, the loop unrolled by two), with no
+    spill and no serialized wgmma; wider ones one loop with a run-time count."""
+    narrow = wg.WgmmaConfig(32, 128, 8, 3, True, 2, True)  # the H200 table's 5120x17408 M = 17-32
+    assert narrow.block_x <= wg.TWO_LOOPS_MAX_BLOCK_X
+    source = wg.compile_wgmma(5120, 17408, narrow).get_kernel_source()
+    assert re.search(r"for \(int t2\w* = 0; t2\w* < 23;", source) and re.search(r"for \(int t2\w* = 0; t2\w* < 22;", source)
+    report = ptxas_report(source)
+    assert " 0 bytes spill stores" in report and "C7512" not in report and "C7513" not in report, report
+    wide = wg.compile_wgmma(5120, 17408, narrow._replace(block_x=48)).get_kernel_source()
+    assert not re.search(r"for \(int t2\w* = 0; t2\w* < 2[23];", wide) and re.search(r"for \(int t2\w* = 0; t2\w* < \(\w+ >> 1\);", wide)
 
 
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
@@ -838,6 +891,8 @@ REFERENCE_CASES = [
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, split_k=2)),  # 128-deep k tiles: two x panels per stage
     (200, 640, 2304, wg.WgmmaConfig(96, 128, 3, split_k=2)),  # 9 k tiles per split: the odd first tile; the most rows one warpgroup takes at 128 deep
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
+    (24, 640, 2304, wg.WgmmaConfig(24, 64, 4, split_k=5)),  # uneven: 8 + 4 x 7 k tiles, each count static
+    (40, 640, 2304, wg.WgmmaConfig(48, 128, 3, split_k=4)),  # uneven: 5, 5, 4, 4 k tiles, a run-time count
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # A producer warpgroup (TMA, two consumer warpgroups): stage reuse over many fills, a single fill per
@@ -852,6 +907,8 @@ PRODUCER_CASES = [
     # split-K: the consumers exchange on their named barrier; the producer loads its split's k tiles
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True)),  # 16 k tiles per split
     (70, 640, 2304, wg.WgmmaConfig(80, 64, 4, 4, True, 1, True)),  # one consumer warpgroup, 9 k tiles per split
+    (32, 640, 2560, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True)),  # uneven: 7, 7, 6 k tiles, each count static
+    (48, 640, 2560, wg.WgmmaConfig(48, 128, 4, 3, True, 2, True)),  # uneven, a run-time count
     # stream-K: the producer walks the consumers' segments; pieces meet on the consumers' named barrier
     (256, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)),  # 40 tiles over 132 CTAs: every tile cut
     (544, 5120, 6144, sk.WgmmaStreamKConfig(272, 64, 4, 1, True, 2, True)),
@@ -896,9 +953,11 @@ GPU_CASE_CONFIGS = (
 
 
 def test_gpu_cases_are_valid_configs():
-    """The GPU cases run only on an H200; a config that cannot launch must fail here, on any machine."""
+    """The GPU cases run only on an H200; a config or a weight shape that cannot launch must fail
+    here, on any machine."""
     for n, k, config in GPU_CASE_CONFIGS:
         sk.check_any_config(config, n, k, "sm_90")
+        assert n % 128 == 0 and k % 256 == 0, f"prepare_nvfp4_weight refuses N={n}, K={k}"
 
 
 def test_sanitizer_cases_cover_every_store_and_load_path():
@@ -1168,11 +1227,11 @@ def test_streamk_keeps_wgmma_in_flight_with_run_time_tile_counts():
     ],
 )
 def test_narrow_streamk_runs_whole_tiles_with_a_static_trip_count(config):
-    """At x blocks up to STATIC_WHOLE_TILE_MAX_X a segment that covers its whole tile runs the k loop
+    """At x blocks up to TWO_LOOPS_MAX_BLOCK_X a segment that covers its whole tile runs the k loop
     with a static trip count (40 k tiles of 128 at K = 5120, the wgmma loop unrolled by two: 20; 80
     of 64: 40), a piece with its run-time count, and the second loop body neither spills nor
     serializes the wgmmas."""
-    assert config.block_x <= sk.STATIC_WHOLE_TILE_MAX_X
+    assert config.block_x <= sk.hopper.TWO_LOOPS_MAX_BLOCK_X
     source = sk.compile_wgmma_streamk(16384, 5120, config).get_kernel_source()
     assert re.search(rf"for \(int t2\w* = 0; t2\w* < {5120 // config.block_k // 2};", source), "no static whole-tile loop"
     assert re.search(r"for \(int t2\w* = 0; t2\w* < \(count\w* >> 1\);", source), "no run-time piece loop"
