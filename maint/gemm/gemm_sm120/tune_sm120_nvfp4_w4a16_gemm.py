@@ -139,6 +139,16 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # ran M = 24 in 38.00 us against 39.85 and M = 32 in 37.95 against 40.32 (H200, 2026-12-01x,
 # results/h200_ab_2026-12-01x_narrow_streamk_tma.json).
 TMA_STREAMK_MAX_BLOCK_X = 32
+# The same narrow blocks as split-K by TMA, at the deepest pipeline two CTAs per SM hold, over every
+# split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
+# tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
+# besides stream-K. H200, 2026-12-02 (results/h200_ab_2026-12-02a_uneven_split.json), split 6 by TMA
+# at 6 stages, us: M = 17 22.33 against the table's skinny 23.69, M = 24 22.52 against stream-K's
+# 24.98, M = 32 23.88 against 24.70. The split-producer candidates also take
+# TWO_WARPGROUP_STREAMK_STAGES: two consumer warpgroups and a producer at split 3 ran M = 32 in 23.02
+# with 8 stages and 24.33 with 13, and the tuner gave that config 5120x17408 M = 17-32 (22.85-23.42
+# against 23.32-23.81 for split 6 by TMA; results/h200_timings_2026-12-02z_uneven_split_m16-32.json).
+UNEVEN_SPLIT_TMA_STAGES = 6
 # Split-K on two consumer warpgroups and a producer, 128-deep k tiles, at M <= WGMMA_SMALL_M: on
 # 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
 # one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k). The tuning of
@@ -273,11 +283,13 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
+        if tight.block_x <= TMA_STREAMK_MAX_BLOCK_X:  # see UNEVEN_SPLIT_TMA_STAGES
+            out += [W(tight.block_x, UNEVEN_SPLIT_TMA_STAGES, split, bk=hopper.DEEP_K)._replace(tma_loads=True) for split in WGMMA_SPLITS]
         # The tight x block is a multiple of 16 rows (``tight_wgmma_config``): 8 per warpgroup.
         split_producer = W(tight.block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
         deepest = hopper.deepest_stages(tight.block_x, ctas_per_sm=1, block_k=hopper.DEEP_K)
         for split in WGMMA_SPLITS:  # the deep one holds at most the split's k tiles
-            stages = {SPLIT_PRODUCER_STAGES, max(SPLIT_PRODUCER_STAGES, min(deepest, k // hopper.DEEP_K // split))}
+            stages = {SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES, max(SPLIT_PRODUCER_STAGES, min(deepest, k // hopper.DEEP_K // split))}
             out += [split_producer._replace(split_k=split, stages=st) for st in sorted(stages)]
     else:
         out = [tight]
@@ -333,7 +345,7 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-93 on sm_120, 27-162 on sm_90 over the default shapes and
+    """Configs worth timing at this M (2-93 on sm_120, 31-170 on sm_90 over the default shapes and
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at
