@@ -969,6 +969,12 @@ def split_k_tiles(k_tiles: int, split_k: int, split_index, select=lambda c, a, b
     return count, split_index * shortest + select(split_index < longer, split_index, longer)
 
 
+def known_side(longer_split: bool):
+    """``split_k_tiles``' select in a branch that knows whether its split is one of the longer ones:
+    the count comes out static."""
+    return lambda c, a, b: a if longer_split else b
+
+
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)): each
     CTA runs one ``wgmma_pipeline`` segment over its split's k tiles (``split_k_tiles``; with a
@@ -979,7 +985,6 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     rows = CTA_ROWS
     k_tiles = k // bk
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
-    side = lambda longer_split: lambda c, a, b: a if longer_split else b  # noqa: E731  (a select whose branch is known)
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
     acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
@@ -1031,13 +1036,13 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             tx = T.get_thread_binding()
             operands = (x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, bk_index, bm, tx)
             if longer == 0:
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=False)))
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(False)))
             elif bx > TWO_LOOPS_MAX_BLOCK_X:
                 run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, T.if_then_else))
             elif bk_index < longer:  # each count static
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=True)))
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(True)))
             else:
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, side(longer_split=False)))
+                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(False)))
 
     return nvfp4_w4a16_wgmma
 
