@@ -916,7 +916,7 @@ def check_config(config: Config, n: int, k: int, config_types=(FragConfig, TileC
         # A config type whose kernel gives a split the rest of an uneven division says UNEVEN_SPLIT_K.
         uneven_split = getattr(config, "UNEVEN_SPLIT_K", False)
         if s.block_k % FRAG_K or k % s.block_k or (k // s.block_k % s.split_k and not uneven_split):
-            problems.append(f"block_k must be a multiple of 32 and block_k * split_k must divide K={k}")
+            problems.append(f"block_k must be a multiple of 32 and block_k {'' if uneven_split else '* split_k '}must divide K={k}")
         elif k // s.block_k // s.split_k < s.stages:
             problems.append(f"each split must hold at least `stages` k tiles (K={k})")
         if s.split_k > MAX_SPLIT_K:

@@ -369,7 +369,6 @@ def build_streamk_kernel(n: int, k: int, shape: example.KernelShape, assume_posi
     return nvfp4_w4a16_streamk
 
 
-
 def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     """Stream-K over the wgmma kernel for an ``N x K`` weight (sm_90a); the grid size is a run-time scalar.
 
