@@ -403,7 +403,10 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
         segment[1] = tile // tiles_x
         segment[2] = T.min(end, tile * k_tiles + k_tiles) - T.max(begin, tile * k_tiles)
         segment[3] = T.max(begin, tile * k_tiles) - tile * k_tiles
-        return tile, segment[0], segment[1], segment[2], segment[3], segment[4]
+        # ``max(.., 0)``: the k tiles before are never negative, and so proved the stage indices
+        # ``(base + t) % stages`` compile without floor-modulo sign fix-ups (the 34816x5120 M = 17-32
+        # config's consumer loop: 723 SASS instructions per two k tiles against 751).
+        return tile, segment[0], segment[1], segment[2], segment[3], T.max(segment[4], 0)
 
     phases = 2 if config.streamk_waves else 1  # stream-K pieces, then whole tiles (streamk_segments)
 
