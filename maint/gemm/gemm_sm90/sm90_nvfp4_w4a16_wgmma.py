@@ -278,9 +278,10 @@ DEEP_K = 2 * SWIZZLE_K
 DEEP_K_STAGES = 5
 # A 128-deep k tile may run as two 64-deep wgmma batches (``WgmmaConfig.batch_k``), each dequantized
 # into its own half of the A registers: one warpgroup then holds 64 A registers per thread for both
-# halves instead of 128, enough for three CTAs per SM (170 registers each) while the stages and
-# their barriers stay 128 deep. 128-deep one-warpgroup kernels take about 195 registers otherwise,
-# so at most two of their CTAs fit an SM.
+# halves instead of 128, so three stream-K CTAs fit an SM (168 registers each; ptxas used 158 at 32
+# x rows) while the stages and their barriers stay 128 deep. 128-deep one-warpgroup kernels take
+# 238-250 registers otherwise, so at most two of their CTAs fit. Not yet run on a GPU nor in any
+# table: its reference cases are in the GPU tests (NOTES, forty-second session).
 BATCH_K = SWIZZLE_K
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 # TMA loads from this x block on. H200, 2026-11-30, TMA against cp.async (us): 128-row blocks
@@ -709,7 +710,10 @@ def wgmma_pipeline(
     stage, dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for
     tile ``t - 1``'s. The loads of tile ``t + stages - 2`` go into the stage of tile ``t - 2``, which
     like the A half a dequant overwrites was released by the previous k tile's wgmma wait, which
-    every warp passed before this k tile's barrier. The two loaders (``WgmmaConfig.tma_loads``):
+    every warp passed before this k tile's barrier. With ``batch_k`` half of ``block_k`` each k tile
+    runs as two batches, the first into A half 0 and the second into half 1, and the wgmma in
+    flight across a dequant is the previous batch's; the load and the release of tile ``t - 1``'s
+    stage follow the first batch's wait. The two loaders (``WgmmaConfig.tma_loads``):
 
     - cp.async from all threads, issued right after the barrier. cp.async writes are
       generic-proxy and wgmma reads async-proxy, so a ``fence.proxy.async`` follows each stage's wait.
@@ -744,6 +748,7 @@ def wgmma_pipeline(
     consumer_threads = WARPGROUP_THREADS * wgs
     threads = consumer_threads + WARPGROUP_THREADS * producer
     producer_ctas = producer_ctas_per_sm(wgs, ctas_per_sm)
+    bounded = registers_per_thread(WARPGROUP_THREADS // 32 * wgs, ctas_per_sm) < UNBOUNDED_REGISTERS
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     batch_k = batch_k or bk
@@ -895,7 +900,7 @@ def wgmma_pipeline(
     def setup():
         if producer:  # launch with the registers these CTAs share; setmaxnreg re-divides them
             T.annotate_min_blocks_per_sm(producer_ctas)
-        elif ctas_per_sm > 1:  # stream-K's CTAs per SM: ptxas keeps the registers that many need
+        elif bounded:  # stream-K's CTAs per SM, where they leave under ptxas's 255 registers
             T.annotate_min_blocks_per_sm(ctas_per_sm)
         x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
