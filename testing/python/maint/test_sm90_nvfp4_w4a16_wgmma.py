@@ -230,6 +230,8 @@ def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
     narrow = one_warpgroup_deep(32)
     assert narrow and {c._replace(tma_loads=not c.tma_loads) for c in narrow} == narrow
     assert sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False) in narrow  # the H200 table's winner
+    batched = {c for c in narrow if c.batch_k}  # two 64-deep batches: three CTAs per SM, the deepest pipeline for them
+    assert batched == {sk.WgmmaStreamKConfig(32, 128, 4, tune.BATCHED_STREAMK_CTAS, tma, 1, False, 0, wg.BATCH_K) for tma in (False, True)}
     wide = one_warpgroup_deep(48)
     assert wide and all(c.tma_loads == wg.tma_loads_for(c.block_x) for c in wide)
 
