@@ -993,6 +993,7 @@ def test_sanitizer_cases_cover_every_store_and_load_path():
     assert {c.producer for c in configs} == {False, True}
     assert {c.warpgroups for c in configs} == {1, 2}
     assert any(isinstance(c, sk.WgmmaStreamKConfig) for c in configs)
+    assert any(c.batch_k and c.batch_k < c.block_k for c in configs)  # two wgmma batches per k tile
 
 
 @pytest.fixture(scope="module", autouse=True)
