@@ -114,6 +114,13 @@ def launch_registers(warpgroups: int, ctas_per_sm: int) -> int:
     return registers_per_thread(WARPGROUP_THREADS // 32 * (warpgroups + 1), ctas_per_sm)
 
 
+def bounded_registers(warpgroups: int, ctas_per_sm: int) -> Optional[int]:
+    """Registers per thread that ``ctas_per_sm`` CTAs of ``warpgroups`` warpgroups and no producer
+    launch with (``__launch_bounds__``), or None where that leaves ptxas its own 255."""
+    bound = registers_per_thread(WARPGROUP_THREADS // 32 * warpgroups, ctas_per_sm)
+    return bound if bound < UNBOUNDED_REGISTERS else None
+
+
 def consumer_registers(warpgroups: int, ctas_per_sm: int, producer_registers: int = PRODUCER_REGISTERS) -> int:
     """What setmaxnreg gives a consumer thread: the CTA's launch pool less the producer's share,
     in steps of REGISTER_STEP."""
@@ -620,8 +627,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             "where ptxas serializes the wgmmas (a smaller block_x or block_k, or two warpgroups)"
         )
     wgs = config.warpgroups
-    bound = registers_per_thread(WARPGROUP_THREADS // 32 * wgs, ctas_per_sm)
-    if not config.producer and bound < UNBOUNDED_REGISTERS and acc_size + a_size > bound - BOUNDED_NON_OPERAND_REGISTERS:
+    bound = bounded_registers(wgs, ctas_per_sm)
+    if not config.producer and bound and acc_size + a_size > bound - BOUNDED_NON_OPERAND_REGISTERS:
         raise ValueError(
             f"config {config}: {ctas_per_sm} CTAs per SM leave {bound - BOUNDED_NON_OPERAND_REGISTERS} registers per thread for "
             f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x, or batch_k={BATCH_K})"
@@ -748,7 +755,7 @@ def wgmma_pipeline(
     consumer_threads = WARPGROUP_THREADS * wgs
     threads = consumer_threads + WARPGROUP_THREADS * producer
     producer_ctas = producer_ctas_per_sm(wgs, ctas_per_sm)
-    bounded = registers_per_thread(WARPGROUP_THREADS // 32 * wgs, ctas_per_sm) < UNBOUNDED_REGISTERS
+    bounded = bounded_registers(wgs, ctas_per_sm) is not None
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
     batch_k = batch_k or bk
