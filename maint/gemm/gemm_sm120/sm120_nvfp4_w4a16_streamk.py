@@ -82,16 +82,15 @@ class WgmmaStreamKConfig(NamedTuple):
     warpgroups: int = 1
     producer: bool = False
     streamk_waves: int = 0
-    batch_k: int = 0
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
-    FIELD_MINIMUMS = {"streamk_waves": 0, "batch_k": 0}  # 0: plain stream-K; 0: block_k
+    FIELD_MINIMUMS = {"streamk_waves": 0}  # 0: plain stream-K
     BLOCK_M_STEP = hopper.X_BLOCK_STEP
     MAX_ACCUMULATORS = hopper.WgmmaConfig.MAX_ACCUMULATORS
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer, self.batch_k)
+        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer)
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -388,9 +387,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(
-        bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm, batch_k=config.batch_k
-    )
+    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
     M = T.dynamic("m")

@@ -139,12 +139,6 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # ran M = 24 in 38.00 us against 39.85 and M = 32 in 37.95 against 40.32 (H200, 2026-12-01x,
 # results/h200_ab_2026-12-01x_narrow_streamk_tma.json).
 TMA_STREAMK_MAX_BLOCK_X = 32
-# Those narrow x blocks' 128-deep stream-K is raced as two 64-deep wgmma batches too
-# (``hopper.BATCH_K``): half the A registers, so BATCHED_STREAMK_CTAS CTAs per SM where two fit
-# otherwise, with the deepest pipeline that keeps them (4 stages at 32 rows, 5 at 16), both loaders.
-# Three CTAs per SM of 64-deep tiles lost to two of 128-deep ones (above); these keep the 128-deep
-# stages and barriers. Unmeasured when added (NOTES, forty-second session).
-BATCHED_STREAMK_CTAS = 3
 # The same narrow blocks as split-K by TMA, at the deepest pipeline two CTAs per SM hold, over every
 # split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
 # tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
@@ -310,10 +304,6 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
             deep = [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
             out += deep + [c._replace(tma_loads=True) for c in deep if bx <= TMA_STREAMK_MAX_BLOCK_X]
-        if bx <= TMA_STREAMK_MAX_BLOCK_X:
-            stages = hopper.deepest_stages(bx, BATCHED_STREAMK_CTAS, hopper.DEEP_K)
-            batched = streamk._replace(block_k=hopper.DEEP_K, stages=stages, ctas_per_sm=BATCHED_STREAMK_CTAS, batch_k=hopper.BATCH_K)
-            out += [batched._replace(tma_loads=tma) for tma in (False, True)]
     if m > TWO_WARPGROUP_MIN_M:
         covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
         for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):

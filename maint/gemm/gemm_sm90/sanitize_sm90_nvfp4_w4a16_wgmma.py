@@ -30,7 +30,6 @@ SANITIZER_CASES = [
     (300, 640, 1024, W(288, 64, 4, 1, True, 2, True)),  # two wgmmas per k16 step, a partial x block
     (70, 1280, 2048, SK(64, 64, 4, 2, True, 1, False, 0)),  # stream-K, two CTAs per SM
     (150, 1280, 1024, SK(160, 64, 4, 1, True, 2, True, 1)),  # stream-K over the leftover tiles, producer
-    (24, 1280, 2048, SK(32, 128, 4, 3, True, 1, False, 0, 64)),  # two wgmma batches per k tile, three CTAs per SM
 ]
 
 

@@ -79,9 +79,10 @@ MAX_WGMMA_OPERAND_REGISTERS = 224
 # Without a producer, stream-K's ``ctas_per_sm`` CTAs bound each thread's registers
 # (``__launch_bounds__``); below ptxas's own 255 the operands must leave BOUNDED_NON_OPERAND_REGISTERS
 # of the bound. Three one-warpgroup CTAs per SM get 168: ptxas (sm_90a, 34816x5120) kept 96 and 112
-# operand registers asynchronous without spills (x blocks of 32 and 48 rows, 64-deep batches: 158
-# and 142 registers used) and 128 at exactly the bound; four get 128 and it serialized the wgmmas
-# of 80 (16 rows, C7512).
+# operand registers asynchronous without spills (158 and 142 registers used) and 128 at exactly the
+# bound; four get 128 and it serialized the wgmmas of 80 (C7512). Measured on kernels that ran a
+# 128-deep k tile as two 64-deep wgmma batches, since dropped (NOTES, forty-second and forty-third
+# sessions).
 BOUNDED_NON_OPERAND_REGISTERS = 56
 UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
 # Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
@@ -180,10 +181,7 @@ class WgmmaConfig(NamedTuple):
     rows, where the x block goes in 16-row steps), ``producer``: one more warpgroup issues the TMA
     loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
     per k tile (see ``wgmma_pipeline``; needs ``tma_loads``). It pays with two
-    consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one. ``batch_k``: the k depth of
-    one wgmma batch, dequantized into one half of the A registers; 0 (the default) is ``block_k``,
-    and 64 with 128-deep k tiles runs each k tile as two batches on half the A registers
-    (``BATCH_K``)."""
+    consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -192,10 +190,8 @@ class WgmmaConfig(NamedTuple):
     tma_loads: bool = False
     warpgroups: int = 1
     producer: bool = False
-    batch_k: int = 0
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
-    FIELD_MINIMUMS = {"batch_k": 0}  # 0: block_k
     UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
     BLOCK_M_STEP = X_BLOCK_STEP  # ... and this row step: an x block is a wgmma N, not an m16 tile
     MAX_ACCUMULATORS = MAX_BLOCK_X // 2  # ... and two warpgroups' one atom of up to MAX_BLOCK_X columns
@@ -283,13 +279,6 @@ DEEP_STAGES_MAX_BLOCK_X = 32
 # 48-row blocks gained nothing.
 DEEP_K = 2 * SWIZZLE_K
 DEEP_K_STAGES = 5
-# A 128-deep k tile may run as two 64-deep wgmma batches (``WgmmaConfig.batch_k``), each dequantized
-# into its own half of the A registers: one warpgroup then holds 64 A registers per thread for both
-# halves instead of 128, so three stream-K CTAs fit an SM (168 registers each; ptxas used 158 at 32
-# x rows) while the stages and their barriers stay 128 deep. 128-deep one-warpgroup kernels take
-# 238-250 registers otherwise, so at most two of their CTAs fit. Not yet run on a GPU nor in any
-# table: its reference cases are in the GPU tests (NOTES, forty-second session).
-BATCH_K = SWIZZLE_K
 NARROW_BLOCK_X = 64  # the x block that gives small-N shapes more CTAs (the 2026-11-29 heuristic's)
 # TMA loads from this x block on. H200, 2026-11-30, TMA against cp.async (us): 128-row blocks
 # 239.9 / 263.3 (16384x5120 M = 1024) and 45.1 / 50.2 (5120x6144 M = 256); smaller blocks lost:
@@ -618,9 +607,7 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
     if config.producer and not config.tma_loads:
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
-    if config.batch_k not in (0, config.block_k, BATCH_K):
-        raise ValueError(f"config {config}: batch_k must be 0 (block_k), block_k or {BATCH_K}")
-    a_size, acc_size = operand_sizes(config.block_x, config.batch_k or config.block_k, config.warpgroups)
+    a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
             f"config {config}: {acc_size} accumulators and {a_size} A registers per thread exceed {MAX_WGMMA_OPERAND_REGISTERS}, "
@@ -631,7 +618,7 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
     if not config.producer and bound and acc_size + a_size > bound - BOUNDED_NON_OPERAND_REGISTERS:
         raise ValueError(
             f"config {config}: {ctas_per_sm} CTAs per SM leave {bound - BOUNDED_NON_OPERAND_REGISTERS} registers per thread for "
-            f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x, or batch_k={BATCH_K})"
+            f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x or block_k)"
         )
     if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
         if (wgs, ctas_per_sm) != (2, 2) or acc_size + a_size > SHARED_SM_PRODUCER_MAX_OPERANDS:
@@ -698,7 +685,6 @@ def wgmma_pipeline(
     producer: bool = False,
     ctas_per_sm: int = 1,
     producer_registers: int = PRODUCER_REGISTERS,
-    batch_k: int = 0,
 ) -> WgmmaPipeline:
     """The pipeline, as TileLang macros (with a ``producer``, for ``producer_ctas_per_sm(warpgroups,
     ctas_per_sm)`` CTAs per SM).
@@ -717,10 +703,7 @@ def wgmma_pipeline(
     stage, dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for
     tile ``t - 1``'s. The loads of tile ``t + stages - 2`` go into the stage of tile ``t - 2``, which
     like the A half a dequant overwrites was released by the previous k tile's wgmma wait, which
-    every warp passed before this k tile's barrier. With ``batch_k`` half of ``block_k`` each k tile
-    runs as two batches, the first into A half 0 and the second into half 1, and the wgmma in
-    flight across a dequant is the previous batch's; the load and the release of tile ``t - 1``'s
-    stage follow the first batch's wait. The two loaders (``WgmmaConfig.tma_loads``):
+    every warp passed before this k tile's barrier. The two loaders (``WgmmaConfig.tma_loads``):
 
     - cp.async from all threads, issued right after the barrier. cp.async writes are
       generic-proxy and wgmma reads async-proxy, so a ``fence.proxy.async`` follows each stage's wait.
@@ -758,11 +741,7 @@ def wgmma_pipeline(
     bounded = bounded_registers(wgs, ctas_per_sm) is not None
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
-    batch_k = batch_k or bk
-    batches = bk // batch_k  # wgmma batches per k tile, each from its own half of the A registers
-    batch_kbs = batch_k // example.FRAG_K
-    batch_ids = list(range(batches))  # a Python list: the macro unrolls it at parse time
-    a_size, acc_size = operand_sizes(bx, batch_k, wgs)
+    a_size, acc_size = operand_sizes(bx, bk, wgs)
     x_stage_bytes = bx * bk * 2
 
     # Accumulator q = (p * bx / 8 + i) * 4 + c of warp w (counted over the CTA) holds x row
@@ -853,55 +832,49 @@ def wgmma_pipeline(
         if not tma_loads:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         block, part = warp_words(warp, wgs)
-        # One batch per A half: with ``batches`` = 2 the halves are the k tile's two 64-deep batches,
-        # so the wgmma in flight across a dequant is the previous batch, of this k tile or the last.
-        for u in batch_ids:
-            regs = half + u  # with two batches ``half`` is 0 and each batch has its own half
-            for kb_in in T.unroll(batch_kbs):
-                kb = u * batch_kbs + kb_in
-                T.call_extern(
-                    "handle",
-                    "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
-                    # Read-only pointers: an address_of here would count as a shared-memory write for
-                    # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
-                    T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
-                    T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
-                    T.address_of(b_regs[0]),
-                )
-                # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
-                # (word j = 2p + rowhalf of the words dequantized); q walks this k32 block's A values in
-                # register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
-                for q in T.unroll(2 * atoms * 8):
-                    a_regs[regs * a_size + kb_in * 2 * atoms * 8 + q] = b_regs[
-                        (4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2
-                    ]
-            T.warpgroup_fence_operand(a_regs, regs * a_size, num_regs=a_size // 2)
-            T.warpgroup_fence_operand(acc, num_regs=acc_size)
-            T.warpgroup_arrive()
-            # The stage's descriptor once, as a 64-bit value: each wgmma then adds its constant offset in
-            # one UIADD3.64, where ``desc + offset`` (a 32-bit add into the descriptor) cost ptxas three
-            # uniform instructions per wgmma (W13's consumer loop: 361 SASS instructions against 387).
-            stage_desc = T.alloc_var(T.uint64)
-            stage_desc = desc[0] + stage * x_stage_bytes // 16
-            for s_in, p in T.grid(batch_k // 16, atoms):  # unrolled: nvcc unrolls the constant loops
-                s = u * (batch_k // 16) + s_in  # the k16 step in the stage
-                for j, cols in n_chunks:  # x rows j ..: 128 bytes each on, and their accumulators
-                    T.ptx_wgmma_rs(
-                        T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
-                        a_regs.data, regs * a_size + (s_in * atoms + p) * 8,
-                        stage_desc, ((s // 4 * bx + j) * X_ROW_BYTES + s % 4 * 32) // 16,  # k16 step s: its panel, 32 bytes on
-                        acc.data, p * bx // 2 + j // 2,
-                        1, 1, 1,
-                    )  # fmt: skip
-            T.warpgroup_commit_batch()
-            if u == 0 and tma_loads and not producer:
-                load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
-            T.warpgroup_wait(1)  # the batch before is done: its A half is free (and at u = 0, tile t - 1's stage)
-            T.warpgroup_fence_operand(acc, num_regs=acc_size)
-            T.warpgroup_fence_operand(a_regs, (1 - regs) * a_size, num_regs=a_size // 2)
-            if producer and u == 0:
-                if t > 0:
-                    T.mbarrier_arrive(empty[(base + t - 1) % stages])  # ... so the producer may refill it
+        for kb in T.unroll(kbs):
+            T.call_extern(
+                "handle",
+                "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
+                # Read-only pointers: an address_of here would count as a shared-memory write for
+                # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
+                T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
+                T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
+                T.address_of(b_regs[0]),
+            )
+            # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
+            # (word j = 2p + rowhalf of the words dequantized); q walks this k32 block's A values in
+            # register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
+            for q in T.unroll(2 * atoms * 8):
+                a_regs[half * a_size + kb * 2 * atoms * 8 + q] = b_regs[
+                    (4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2
+                ]
+        T.warpgroup_fence_operand(a_regs, half * a_size, num_regs=a_size // 2)
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        T.warpgroup_arrive()
+        # The stage's descriptor once, as a 64-bit value: each wgmma then adds its constant offset in
+        # one UIADD3.64, where ``desc + offset`` (a 32-bit add into the descriptor) cost ptxas three
+        # uniform instructions per wgmma (W13's consumer loop: 361 SASS instructions against 387).
+        stage_desc = T.alloc_var(T.uint64)
+        stage_desc = desc[0] + stage * x_stage_bytes // 16
+        for s, p in T.grid(bk // 16, atoms):  # unrolled: nvcc unrolls the constant loops
+            for j, cols in n_chunks:  # x rows j ..: 128 bytes each on, and their accumulators
+                T.ptx_wgmma_rs(
+                    T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
+                    a_regs.data, half * a_size + (s * atoms + p) * 8,
+                    stage_desc, ((s // 4 * bx + j) * X_ROW_BYTES + s % 4 * 32) // 16,  # k16 step s: its panel, 32 bytes on
+                    acc.data, p * bx // 2 + j // 2,
+                    1, 1, 1,
+                )  # fmt: skip
+        T.warpgroup_commit_batch()
+        if tma_loads and not producer:
+            load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
+        T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
+        T.warpgroup_fence_operand(acc, num_regs=acc_size)
+        T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
+        if producer:
+            if t > 0:
+                T.mbarrier_arrive(empty[(base + t - 1) % stages])  # ... so the producer may refill it
 
     @T.macro
     def setup():
@@ -933,17 +906,12 @@ def wgmma_pipeline(
         # Unrolled by two so that each half of the A registers has a fixed name. An odd first
         # tile runs alone and waits for its wgmma: left in flight into the loop (or peeled at
         # the end, or guarded inside it), it makes ptxas serialize every wgmma (C7513).
-        # With two batches per k tile each tile runs both halves, and the loop needs no unrolling.
-        if batches == 2:
-            for t in T.serial(count):
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, t, 0, count, kt0, base, bm, bn, m, tx)
-        else:
-            if count % 2 == 1:
-                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, m, tx)
-                T.warpgroup_wait(0)
-            for t2 in T.serial(count // 2):
-                for half in T.unroll(2):
-                    k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, m, tx)
+        if count % 2 == 1:
+            k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, 0, 1, count, kt0, base, bm, bn, m, tx)
+            T.warpgroup_wait(0)
+        for t2 in T.serial(count // 2):
+            for half in T.unroll(2):
+                k_tile(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count % 2 + 2 * t2 + half, half, count, kt0, base, bm, bn, m, tx)
         T.warpgroup_wait(0)
         T.warpgroup_fence_operand(acc, num_regs=acc_size)
 
@@ -1047,9 +1015,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     rows = CTA_ROWS
     k_tiles = k // bk
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
-    pipe = wgmma_pipeline(
-        bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS, batch_k=config.batch_k
-    )
+    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
     acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
     M = T.dynamic("m")
