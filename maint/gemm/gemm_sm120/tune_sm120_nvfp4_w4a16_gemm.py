@@ -137,9 +137,13 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # Narrow one-warpgroup 128-deep stream-K is raced with TMA loads too, against the cp.async that
 # ``hopper.tma_loads_for`` gives x blocks this narrow: on 34816x5120 (two CTAs per SM, 6 stages) TMA
 # ran M = 24 in 38.00 us against 39.85 and M = 32 in 37.95 against 40.32 (H200, 2026-12-01x,
-# results/h200_ab_2026-12-01x_narrow_streamk_tma.json).
-TMA_STREAMK_MAX_BLOCK_X = 32
-# The same narrow blocks as split-K by TMA, at the deepest pipeline two CTAs per SM hold, over every
+# results/h200_ab_2026-12-01x_narrow_streamk_tma.json). At 48 rows TMA ran M = 48 in 42.06 us
+# against the table's cp.async 47.56 (2026-12-02, results/h200_ab_2026-12-02d_tile_barrier.json),
+# and the tuner then gave TMA 34816x5120 M = 33-48 (48 rows: 41.6 us against 48.1 for cp.async) and
+# 49-64 (64 rows: 48.7 against 51.9 for the table's two warpgroups and a producer;
+# results/h200_timings_2026-12-02c_34816_m40-64_tma48.json).
+TMA_STREAMK_MAX_BLOCK_X = 64
+# Blocks up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows as split-K by TMA, at the deepest pipeline two CTAs per SM hold, over every
 # split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
 # tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
 # besides stream-K. H200, 2026-12-02 (results/h200_ab_2026-12-02a_uneven_split.json), split 6 by TMA
@@ -149,6 +153,7 @@ TMA_STREAMK_MAX_BLOCK_X = 32
 # with 8 stages and 24.33 with 13, and the tuner gave that config 5120x17408 M = 17-32 (22.85-23.42
 # against 23.32-23.81 for split 6 by TMA; results/h200_timings_2026-12-02z_uneven_split_m16-32.json).
 UNEVEN_SPLIT_TMA_STAGES = 6
+UNEVEN_SPLIT_TMA_MAX_BLOCK_X = 32
 # Split-K on two consumer warpgroups and a producer, 128-deep k tiles, at M <= WGMMA_SMALL_M: on
 # 5120x6144 (40 weight tiles per x block) split 3 ran M = 16 in 11.9 us against 12.4 for the table's
 # one-warpgroup split 3, and lost M = 32 (17.7 against 14.4; H200, 2026-11-30k). The tuning of
@@ -283,7 +288,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         blocks = (WGMMA_MIN_BLOCK_X, tight.block_x) if m <= WGMMA_MIN_BLOCK_X else (tight.block_x,)
         out = [W(bx, st, split) for bx in blocks for st in WGMMA_SMALL_STAGES for split in (1, *WGMMA_SPLITS)]
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
-        if tight.block_x <= TMA_STREAMK_MAX_BLOCK_X:  # see UNEVEN_SPLIT_TMA_STAGES
+        if tight.block_x <= UNEVEN_SPLIT_TMA_MAX_BLOCK_X:  # see UNEVEN_SPLIT_TMA_STAGES
             out += [W(tight.block_x, UNEVEN_SPLIT_TMA_STAGES, split, bk=hopper.DEEP_K)._replace(tma_loads=True) for split in WGMMA_SPLITS]
         # The tight x block is a multiple of 16 rows (``tight_wgmma_config``): 8 per warpgroup.
         split_producer = W(tight.block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)

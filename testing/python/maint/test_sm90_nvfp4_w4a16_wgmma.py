@@ -218,8 +218,8 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
 
 def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
     """One-warpgroup 128-deep stream-K is offered with TMA loads beside cp.async up to
-    TMA_STREAMK_MAX_BLOCK_X rows (it won 34816x5120 M = 17-32 with TMA, 2026-12-01x), with the
-    loader ``tma_loads_for`` gives only above."""
+    TMA_STREAMK_MAX_BLOCK_X rows (it won 34816x5120 M = 17-32 with TMA, 2026-12-01x, and M = 33-64,
+    2026-12-02); wider blocks are not offered 128 deep."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     def one_warpgroup_deep(m):
@@ -227,9 +227,14 @@ def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
 
     narrow = one_warpgroup_deep(32)
     assert narrow and {c._replace(tma_loads=not c.tma_loads) for c in narrow} == narrow
-    assert sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False) in narrow  # the H200 table's winner
-    wide = one_warpgroup_deep(48)
-    assert wide and all(c.tma_loads == wg.tma_loads_for(c.block_x) for c in wide)
+    assert sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False) in narrow  # the H200 table's winners
+    assert sk.WgmmaStreamKConfig(48, 128, 5, 2, True, 1, False) in one_warpgroup_deep(48)
+    assert sk.WgmmaStreamKConfig(64, 128, 4, 2, True, 1, False) in one_warpgroup_deep(64)
+    for m in (48, 64):
+        both = one_warpgroup_deep(m)
+        assert {c._replace(tma_loads=not c.tma_loads) for c in both} == both
+    # wider one-warpgroup blocks hold fewer than WGMMA_DEEP_K_MIN_STAGES 128-deep stages: none offered
+    assert all(c.block_x <= tune.TMA_STREAMK_MAX_BLOCK_X for m in (96, 256, 1024) for c in one_warpgroup_deep(m))
 
 
 @pytest.mark.parametrize("m, block_x", [(232, 80), (384, 128), (512, 176), (608, 208), (768, 256)])
@@ -413,7 +418,7 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
 
 
 def test_tuner_offers_uneven_splits_by_tma_on_narrow_blocks():
-    """Up to TMA_STREAMK_MAX_BLOCK_X rows, one warpgroup's 128-deep split-K by TMA at
+    """Up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows, one warpgroup's 128-deep split-K by TMA at
     UNEVEN_SPLIT_TMA_STAGES for every split, those that leave a remainder of k tiles included
     (5120x17408: 136 k tiles; splits 3, 6 and 8 do not divide them); none for wider blocks."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
