@@ -143,8 +143,8 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # 49-64 (64 rows: 48.7 against 51.9 for the table's two warpgroups and a producer;
 # results/h200_timings_2026-12-02c_34816_m40-64_tma48.json).
 TMA_STREAMK_MAX_BLOCK_X = 64
-# Blocks up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows as split-K by TMA, at the deepest pipeline two CTAs per SM hold, over every
-# split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
+# Blocks up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows (the narrow ones it was measured on) as split-K by
+# TMA, at the deepest pipeline two CTAs per SM hold, over every split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
 # tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
 # besides stream-K. H200, 2026-12-02 (results/h200_ab_2026-12-02a_uneven_split.json), split 6 by TMA
 # at 6 stages, us: M = 17 22.33 against the table's skinny 23.69, M = 24 22.52 against stream-K's
