@@ -185,6 +185,14 @@ STREAMK_WAVES = (1, 2)
 WHOLE_WAVES = (1, 2)  # whole tiles cut to fill one or two waves (hopper.whole_waves_block_x)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
+# Every one-warpgroup candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also
+# on the block in 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24,
+# 40 at 33-40, 56 at 49-56. A wider wgmma N costs even where its rows are padding: on 34816x5120 at
+# M = 16, 16-row blocks ran 35.90 us against 38.13 for 32-row ones, the same stream-K config otherwise
+# (H200, 2026-12-02; results/h200_ab_2026-12-02e_carried_loads.json, its per-segment rows); at M = 24,
+# 32 rows 37.85 against 48 rows 44.27; at M = 48, 48 rows 42.77 against 64 rows 48.17. Not timed yet
+# at 24, 40 or 56 rows.
+NARROW_TWINS_MAX_M = 64
 
 
 # The skinny kernel (M <= 32): (rows_per_warp, warps, depth, ctas_per_sm), over SKINNY_SPLITS. From
@@ -333,6 +341,9 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
             for bk, min_stages in ((hopper.SWIZZLE_K, hopper.MIN_STAGES), (hopper.DEEP_K, WGMMA_DEEP_K_MIN_STAGES)):
                 whole = hopper.whole_tiles_config(wave, k, bk, min_stages)
                 out += [whole] if whole else []
+    narrow = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, row_step=hopper.X_BLOCK_STEP).block_x
+    if WGMMA_MIN_BLOCK_X < m <= NARROW_TWINS_MAX_M and narrow < tight.block_x:  # see NARROW_TWINS_MAX_M
+        out += [c._replace(block_x=narrow) for c in out if c.block_x == tight.block_x and c.warpgroups == 1]
     return out + streamk_waves_twins(out, m, n, k, sm_count)
 
 
@@ -350,7 +361,7 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-93 on sm_120, 31-170 on sm_90 over the default shapes and
+    """Configs worth timing at this M (2-93 on sm_120, 32-179 on sm_90 over the default shapes and
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at

@@ -368,15 +368,22 @@ def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
     return _tiles(m, n, config.block_x) * config.split_k
 
 
-def tight_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132, max_block_x: int = ONE_WARPGROUP_MAX_BLOCK_X) -> WgmmaConfig:
+# The heuristic's x blocks grow in 16-row steps, which two warpgroups need (the example's check reads
+# them as warps_m = 2). One warpgroup takes X_BLOCK_STEP rows, and the tuner offers those too.
+TIGHT_ROW_STEP = 16
+
+
+def tight_wgmma_config(
+    m: int, n: int, k: int, *, sm_count: int = 132, max_block_x: int = ONE_WARPGROUP_MAX_BLOCK_X, row_step: int = TIGHT_ROW_STEP
+) -> WgmmaConfig:
     """The weights are dequantized once per x block, so: the fewest x blocks of at most
-    ``max_block_x`` rows that cover M, each as small as that allows (a multiple of 16); split-K as in
-    the example's heuristic where the tiles would leave half of the SMs idle, or below ``SMALL_M`` as
-    described there. K must hold ``DEFAULT_STAGES`` k tiles. Two warpgroups (up to ``MAX_BLOCK_X``)
-    are the caller's choice (``takes_two_warpgroups``)."""
+    ``max_block_x`` rows that cover M, each as small as that allows (a multiple of ``row_step``);
+    split-K as in the example's heuristic where the tiles would leave half of the SMs idle, or below
+    ``SMALL_M`` as described there. K must hold ``DEFAULT_STAGES`` k tiles. Two warpgroups (up to
+    ``MAX_BLOCK_X``) are the caller's choice (``takes_two_warpgroups``)."""
     m = min(m, example.MAX_M_PER_LAUNCH)
     x_blocks = -(-m // max_block_x)
-    block_x = 16 * -(-m // (16 * x_blocks))
+    block_x = row_step * -(-m // (row_step * x_blocks))
     return _small_m_config(n, k, block_x, sm_count) if m < SMALL_M else _x_blocked(m, n, k, block_x, sm_count)
 
 

@@ -96,13 +96,15 @@ def test_compiles_for_sm90a(config):
         (16384, 5120, wg.WgmmaConfig(32, 128, 5, split_k=2)),
         (16384, 5120, wg.WgmmaConfig(96, 128, 3)),  # MAX_WGMMA_OPERAND_REGISTERS exactly
         (16384, 5120, wg.WgmmaConfig(256, 128, 3, tma_loads=True, warpgroups=2)),
+        (34816, 5120, sk.WgmmaStreamKConfig(24, 128, 7, 2, True)),  # the tuner's narrow twins (NARROW_TWINS_MAX_M)
+        (34816, 5120, sk.WgmmaStreamKConfig(40, 128, 5, 2, True)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
     """The kernel's overlap holds only if ptxas keeps the wgmmas asynchronous: when it cannot prove
     that no other instruction writes their A registers in flight (an odd tile peeled after the loop
     did that), it serializes every wgmma and says so (C7513)."""
-    report = ptxas_report(wg.compile_wgmma(n, k, config).get_kernel_source())
+    report = ptxas_report(sk.compile_any(n, k, config, "sm_90").get_kernel_source())
     assert "Used" in report and "registers" in report  # ptxas -v reported on the kernel
     assert "C7513" not in report and "serialized" not in report, report
 
@@ -214,6 +216,25 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
         assert sk.WgmmaStreamKConfig(block_x, 128, 4, 1, True, 2, True) in tune.candidates(m, 5120, 6144, "sm_90")
     # At 16 rows and fewer, only split-K with a producer (below).
     assert all(c.producer and c.split_k > 1 for c in tune.candidates(16, 16384, 5120, "sm_90") if getattr(c, "warpgroups", 1) == 2)
+
+
+@pytest.mark.parametrize("m, narrow, tight", [(17, 24, 32), (24, 24, 32), (40, 40, 48), (56, 56, 64)])
+def test_tuner_offers_one_warpgroup_x_blocks_in_eight_row_steps(m, narrow, tight):
+    """Between the tight x block's 16-row steps (``wg.TIGHT_ROW_STEP``) every one-warpgroup candidate
+    on it comes also on the block in 8-row steps; two warpgroups keep 16-row blocks, and where the
+    tight block is already the narrowest (M = 32) nothing is added."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    def wgmma(m):
+        return {c for c in tune.candidates(m, 34816, 5120, "sm_90") if isinstance(c, (wg.WgmmaConfig, sk.WgmmaStreamKConfig))}
+
+    assert wg.tight_wgmma_config(m, 34816, 5120).block_x == tight
+    assert wg.tight_wgmma_config(m, 34816, 5120, row_step=wg.X_BLOCK_STEP).block_x == narrow
+    on_tight = {c for c in wgmma(m) if c.block_x == tight and c.warpgroups == 1}
+    assert on_tight and {c._replace(block_x=narrow) for c in on_tight} <= wgmma(m)
+    assert sk.WgmmaStreamKConfig(narrow, 128, wg.deepest_stages(tight, 2, 128), 2, True) in wgmma(m)  # the table's kind, tight's stages
+    assert all(c.block_x % wg.TIGHT_ROW_STEP == 0 for c in wgmma(m) if c.warpgroups == 2)
+    assert not any(c.block_x == 24 for c in wgmma(32))
 
 
 def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
@@ -941,6 +962,8 @@ STREAMK_CASES = [
     (32, 11008, 4096, sk.WgmmaStreamKConfig(32, 128, 4, 2)),  # the heuristic's: 86 tiles x 32 k tiles over 264 CTAs
     (1024, 16384, 1024, sk.WgmmaStreamKConfig(128, 64, 4, 2, streamk_waves=2)),  # 1024 tiles, 264 CTAs: 496 cut (232 and a wave), two waves
     (512, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 2, streamk_waves=1)),  # 264 tiles over 264 CTAs: all whole
+    (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 7, 2)),  # x blocks in 8-row steps (the tuner's narrow twins)
+    (37, 5120, 6144, sk.WgmmaStreamKConfig(40, 128, 5, 2)),
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
