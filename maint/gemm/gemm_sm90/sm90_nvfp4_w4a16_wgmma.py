@@ -368,8 +368,8 @@ def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
     return _tiles(m, n, config.block_x) * config.split_k
 
 
-# The heuristic's x blocks grow in 16-row steps, which two warpgroups need (the example's check reads
-# them as warps_m = 2). One warpgroup takes X_BLOCK_STEP rows, and the tuner offers those too.
+# The heuristic's x blocks grow in 16-row steps, which the config check asks of two warpgroups (it
+# reads them as warps_m = 2). One warpgroup takes X_BLOCK_STEP rows, and the tuner offers those too.
 TIGHT_ROW_STEP = 16
 
 
