@@ -220,13 +220,18 @@ NARROW_TWINS_MAX_M = 64
 # time (results/h200_ab_2026-12-01r_narrow_ctas.json), two warp groups along N at 5 CTAs per SM
 # (results/h200_timings_2026-12-01r_skinny_warps_n2.json), and two blocks per warp at depth 2 and 3-4
 # CTAs per SM past 16 rows (results/h200_ab_2026-12-01r_two_blocks_depth2_m17-32.json).
-SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1))
+# Seven CTAs per SM (72 registers) hold twice the CTAs of a shape whose weight-row blocks fill less
+# than one wave at 5: 14336x5120 has 448 blocks, one CTA each for 660 slots (4 on 52 SMs, 3 on 80),
+# where split 2 gives 896 CTAs for 924 slots at 7 per SM, twice the warps loading at once. ptxas
+# (sm_90a) fits one block at depth 4 in 71-72 registers without spills at 1-8 rows, and at depth 2
+# at 16 rows (2026-12-02). Not timed yet.
+SKINNY_SHAPES = ((1, 4, 4, 5, 1), (1, 4, 8, 5, 1), (1, 4, 8, 6, 1), (2, 4, 4, 3, 1), (1, 4, 4, 7, 1))
 # Two blocks per warp at depth 2 and 5 CTAs per SM (96 registers, no spill at 16 rows; the estimate
 # says 98): 34816x5120 M = 16 in 34.0 us against 36.3 for the table's two blocks at depth 4 and 3 CTAs
 # per SM, its 544 CTAs in one wave of 660 slots instead of 1.37 waves of 396; one block at depth 8 and
 # 5 CTAs per SM and two blocks at depth 4 and 4 CTAs per SM, raced beside it, won no cell of the five
 # shapes at M = 12 or 16 (H200, 2026-12-01r; results/h200_timings_2026-12-01r_skinny_m12-16_wide_shapes.json).
-SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (2, 4, 2, 5, 1))
+SKINNY_WIDE_SHAPES = ((1, 4, 4, 4, 1), (1, 4, 4, 5, 1), (1, 4, 8, 4, 1), (2, 4, 4, 3, 1), (2, 4, 2, 5, 1), (1, 4, 2, 7, 1))
 # The wgmma form (sm_90, past one n8 tile): (depth, ctas_per_sm, x chunk) for one warpgroup of one
 # block per warp, over SKINNY_SPLITS. Raced against the table at M = 24 and 32 on the five default
 # shapes and at M = 16 on 34816x5120, 5120x17408 and 14336x5120 (H200, 2026-12-01s;
@@ -361,7 +366,7 @@ def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) ->
 
 
 def candidates(m: int, n: int, k: int, arch: str) -> list:
-    """Configs worth timing at this M (2-93 on sm_120, 32-179 on sm_90 over the default shapes and
+    """Configs worth timing at this M (2-111 on sm_120, 32-188 on sm_90 over the default shapes and
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at

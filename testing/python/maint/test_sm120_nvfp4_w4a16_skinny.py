@@ -147,6 +147,18 @@ def test_tuner_offers_skinny_configs_that_fit(n, k, m):
     assert not any(isinstance(c, S) for c in tune.candidates(skinny.MAX_BLOCK_X + 1, n, k, "sm_90"))
 
 
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_tuner_offers_seven_ctas_per_sm_where_weight_blocks_fill_less_than_a_wave(m):
+    """14336x5120 has 448 weight-row blocks, fewer than the 660 slots of five CTAs per SM: split 2
+    at seven CTAs per SM (72 registers) gives 896 CTAs for 924 slots."""
+    offered = [c for c in tune.candidates(m, 14336, 5120, "sm_90") if isinstance(c, S) and c.ctas_per_sm == 7 and c.split_k == 2]
+    assert offered
+    for c in offered:
+        assert c.registers() == 72 and c.registers_needed() <= c.registers(), c
+        ctas = 14336 // nv.FRAG_N // (c.rows_per_warp * c.warps_n) * c.split_k
+        assert ctas <= 7 * 132 < ctas * 1.05, c
+
+
 UNTUNED_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (6144, 4096), (640, 2304), (128, 256)]
 
 
@@ -219,6 +231,8 @@ def test_heuristic_against_the_tuner_timings():
         (S(32, 1, 4, 4, 4, 5, False, 4, 2), True),  # 102 against 96: 56 bytes
         (S(24, 2, 2, 4, 3, 4, False, 4, 4), True),  # 130 against 128: 12 bytes
         (S(16, 2, 2, 4, 4, 4, False, 4, 4), False),  # 126 against 128 (ptxas used 127)
+        (S(8, 1, 2, 4, 4, 7, False), False),  # seven CTAs per SM: 61 against 72
+        (S(16, 1, 2, 4, 2, 7, False), False),  # 70 against 72
     ],
 )
 def test_register_estimate_against_ptxas(config, spills):
