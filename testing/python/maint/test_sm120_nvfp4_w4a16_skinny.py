@@ -428,6 +428,9 @@ REFERENCE_CASES = [
     (7, 5120, 6144, S(8, 1, 3, 4, 4, 5, False, 1, 0, True)),
     (1, 14336, 5120, S(1, 1, 2, 4, 8, 5, True, 1, 0, True)),
     (21, 34816, 5120, S(24, 1, 4, 4, 8, 4, False, 4, 4, True)),
+    # Seven CTAs per SM (72 registers), split 2 (the tuner's shapes for 14336x5120).
+    (8, 14336, 5120, S(8, 1, 2, 4, 4, 7, False)),
+    (15, 14336, 5120, S(16, 1, 2, 4, 2, 7, False, 1, 0, True)),
 ]
 
 
