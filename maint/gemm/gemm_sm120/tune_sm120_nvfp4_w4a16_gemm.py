@@ -421,12 +421,12 @@ def graph_timer(x: torch.Tensor, weights: list, config) -> nv.GraphTimer:
 
 def time_configs(x: torch.Tensor, weights: list, configs: list, heat_ms: float = 0.0) -> list:
     """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights, one
-    config at a time (the graphs of 25-75 candidates would not fit in memory together), each after
+    config at a time (the graphs of up to ~190 candidates would not fit in memory together), each after
     ``heat_ms`` of its own calls (``--sustained``)."""
     return sorted(((graph_timer(x, weights, config).per_call_us(heat_ms=heat_ms), config) for config in configs), key=lambda t: t[0])
 
 
-# One pass over 25-75 candidates is not a fair race at large M: in a tuning of 34816x5120 (H200,
+# One pass over dozens of candidates is not a fair race at large M: in a tuning of 34816x5120 (H200,
 # 2026-11-30) the stream-K twins timed last at M = 1024 took 1.14-1.23x the time they had taken in a
 # probe that timed them in pairs (the base config 1.07x), and lost a cell they had won there. The
 # fastest FINALISTS are timed again the benchmark's way (``bench.race``: all captured first, then
