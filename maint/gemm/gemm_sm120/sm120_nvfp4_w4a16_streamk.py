@@ -85,8 +85,8 @@ class WgmmaStreamKConfig(NamedTuple):
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     FIELD_MINIMUMS = {"streamk_waves": 0}  # 0: plain stream-K
-    BLOCK_M_STEP = hopper.X_BLOCK_STEP
     MAX_ACCUMULATORS = hopper.WgmmaConfig.MAX_ACCUMULATORS
+    BLOCK_M_STEP = property(lambda self: self.segment_config().BLOCK_M_STEP)  # as the wgmma kernel's
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""

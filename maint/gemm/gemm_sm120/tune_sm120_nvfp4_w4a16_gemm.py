@@ -9,7 +9,9 @@ of shapes not tuned in this run, so a long tuning can be done one shape per invo
     python maint/gemm/gemm_sm120/tune_sm120_nvfp4_w4a16_gemm.py --shapes 16384x5120 --update
 
 ``--twins FIELD=VALUE[,...]`` measures instead of tuning: the config the dispatch picks at each shape
-and M beside copies of it with those fields changed, each checked against the reference:
+and M beside copies of it with those fields changed, each checked against the reference. With
+``--update`` they are a tuning's only entrants (a dozen compiles where a re-tune of the cell takes
+a hundred or more), and the winner takes the breakpoint's entry:
 
     python maint/gemm/gemm_sm120/tune_sm120_nvfp4_w4a16_gemm.py --ms 144,272 --twins producer=true --timings t.json
 """
@@ -185,13 +187,13 @@ STREAMK_WAVES = (1, 2)
 WHOLE_WAVES = (1, 2)  # whole tiles cut to fill one or two waves (hopper.whole_waves_block_x)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
-# Every one-warpgroup candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also
-# on the block in 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24,
-# 40 at 33-40, 56 at 49-56. A wider wgmma N costs even where its rows are padding: on 34816x5120 at
-# M = 16, 16-row blocks ran 35.90 us against 38.13 for 32-row ones, the same stream-K config otherwise
-# (H200, 2026-12-02; results/h200_ab_2026-12-02e_carried_loads.json, its per-segment rows); at M = 24,
-# 32 rows 37.85 against 48 rows 44.27; at M = 48, 48 rows 42.77 against 64 rows 48.17. Not timed yet
-# at 24, 40 or 56 rows.
+# Every candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also on the block in
+# 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24, 40 at 33-40, 56
+# at 49-56. A wider wgmma N costs even where its rows are padding. On 34816x5120, the table's one-
+# warpgroup stream-K config on the 8-row block against the 16-row one (H200, 2026-12-02f; results/
+# h200_twins_2026-12-02f_narrow_x_and_seven_ctas.json): M = 24 37.3 against 38.4 us, M = 40 37.8
+# against 43.0, M = 56 46.0 against 49.6. Two warpgroups share their x block (each takes one m64 atom
+# of weight rows), so their twins take the same 8-row steps.
 NARROW_TWINS_MAX_M = 64
 
 
@@ -303,7 +305,6 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         out += [W(tight.block_x, hopper.DEEP_K_STAGES, split, bk=hopper.DEEP_K) for split in (1, *WGMMA_SPLITS)]  # 128-deep k tiles (hopper.DEEP_K)
         if tight.block_x <= UNEVEN_SPLIT_TMA_MAX_BLOCK_X:  # see UNEVEN_SPLIT_TMA_STAGES
             out += [W(tight.block_x, UNEVEN_SPLIT_TMA_STAGES, split, bk=hopper.DEEP_K)._replace(tma_loads=True) for split in WGMMA_SPLITS]
-        # The tight x block is a multiple of 16 rows (``tight_wgmma_config``): 8 per warpgroup.
         split_producer = W(tight.block_x, SPLIT_PRODUCER_STAGES, 1, 2, bk=hopper.DEEP_K)._replace(tma_loads=True, producer=True)
         deepest = hopper.deepest_stages(tight.block_x, ctas_per_sm=1, block_k=hopper.DEEP_K)
         for split in WGMMA_SPLITS:  # the deep one holds at most the split's k tiles
@@ -348,7 +349,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
                 out += [whole] if whole else []
     narrow = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, row_step=hopper.X_BLOCK_STEP).block_x
     if WGMMA_MIN_BLOCK_X < m <= NARROW_TWINS_MAX_M and narrow < tight.block_x:  # see NARROW_TWINS_MAX_M
-        out += [c._replace(block_x=narrow) for c in out if c.block_x == tight.block_x and c.warpgroups == 1]
+        out += [c._replace(block_x=narrow) for c in out if c.block_x == tight.block_x]
     return out + streamk_waves_twins(out, m, n, k, sm_count)
 
 
@@ -396,13 +397,16 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
-def race_entrants(m: int, n: int, k: int, arch: str, kinds: Optional[set] = None) -> list:
-    """``candidates``, or with ``kinds`` (config type names, ``--kinds``) the dispatch's config today
-    (the table's, else the heuristics') and the candidates of those kinds: a new kernel family raced
-    against the incumbent, without the compiles and timings of every other candidate."""
-    if kinds is None:
+def race_entrants(m: int, n: int, k: int, arch: str, kinds: Optional[set] = None, twins: Optional[list] = None) -> list:
+    """``candidates``, or the dispatch's config today (the table's, else the heuristics') with
+    ``twins`` (``--twins``: its copies with some fields changed) or with the candidates of ``kinds``
+    (config type names, ``--kinds``: a new kernel family raced against the incumbent), without the
+    compiles and timings of every other candidate."""
+    if kinds is None and twins is None:
         return candidates(m, n, k, arch)
     incumbent = maint.config_for(m, n, k, torch.device("cuda"))
+    if twins is not None:
+        return twin_configs(incumbent, twins, n, k, arch)
     return list(dict.fromkeys([incumbent] + [c for c in candidates(m, n, k, arch) if type(c).__name__ in kinds]))
 
 
@@ -421,7 +425,7 @@ def graph_timer(x: torch.Tensor, weights: list, config) -> nv.GraphTimer:
 
 def time_configs(x: torch.Tensor, weights: list, configs: list, heat_ms: float = 0.0) -> list:
     """``[(us, config)]``, fastest first: each config's CUDA-graph time over the rotated weights, one
-    config at a time (the graphs of up to ~190 candidates would not fit in memory together), each after
+    config at a time (the graphs of up to ~210 candidates would not fit in memory together), each after
     ``heat_ms`` of its own calls (``--sustained``)."""
     return sorted(((graph_timer(x, weights, config).per_call_us(heat_ms=heat_ms), config) for config in configs), key=lambda t: t[0])
 
@@ -480,16 +484,17 @@ def matches_reference(x: torch.Tensor, weight, ref: torch.Tensor, config) -> boo
 
 
 def tune_shape(
-    n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None, heat_ms: float = 0.0, kinds: Optional[set] = None
+    n: int, k: int, ms: list, arch: str, progress: bench.Progress, timings: Optional[list] = None, heat_ms: float = 0.0, **entrants
 ) -> list:
-    """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference.
-    Every candidate's time goes to ``timings`` (rows for ``--timings``) when one is given; every
-    timing follows ``heat_ms`` of the same calls."""
+    """``[(m, winner, us)]`` for each breakpoint, the winner verified against the FP32 reference;
+    ``entrants``: ``race_entrants``' ``kinds`` or ``twins``. Every candidate's time goes to
+    ``timings`` (rows for ``--timings``) when one is given; every timing follows ``heat_ms`` of the
+    same calls."""
     raw, weights = rotated_weights(n, k)
     winners = []
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        timed = time_configs(x, weights, race_entrants(m, n, k, arch, kinds), heat_ms)
+        timed = time_configs(x, weights, race_entrants(m, n, k, arch, **entrants), heat_ms)
         final = final_race(x, weights, timed, heat_ms)
         if timings is not None:
             final_us = {config: us for us, config in final}
@@ -619,8 +624,9 @@ def main(argv=None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--twins", type=parse_twin, action="append", metavar="FIELD=VALUE[,...]",
-        help="instead of tuning: time the dispatch's config at each shape and M beside its twin with these fields changed "
-        "(e.g. block_k=128 or producer=true; repeat for more twins), check each against the reference, write no table",
+        help="time the dispatch's config at each shape and M beside its twin with these fields changed "
+        "(e.g. block_k=128 or producer=true; repeat for more twins) and check each against the reference, writing no table; "
+        "with --update, tune with these configs as the only entrants",
     )  # fmt: skip
     parser.add_argument(
         "--kinds", type=lambda t: set(t.split(",")), metavar="KIND[,...]",
@@ -630,8 +636,10 @@ def main(argv=None) -> int:
     unknown = (args.kinds or set()) - {t.__name__ for t in maint.CONFIG_TYPES}
     if unknown:
         parser.error(f"--kinds: unknown config kinds {sorted(unknown)}")
-    if args.twins and (args.out or args.update):
-        parser.error("--twins writes no table: --out and --update do not apply")
+    if args.twins and args.kinds:
+        parser.error("--twins and --kinds each choose the entrants: give one")
+    if args.twins and args.out and not args.update:
+        parser.error("--twins writes a table only with --update")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: a table is measured on the GPU it is for")
     device = torch.device("cuda")
@@ -639,7 +647,7 @@ def main(argv=None) -> int:
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
     heat_ms = bench.SUSTAINED_HEAT_MS if args.sustained else 0.0
-    if args.twins:
+    if args.twins and not args.update:
         twins = {(n, k, c) for n, k in args.shapes for m in ms for c in twin_configs(maint.config_for(m, n, k, device), args.twins, n, k, arch)}
         nv.precompile(twins, arch, maint.compile_any)
         timings = []
@@ -649,11 +657,12 @@ def main(argv=None) -> int:
         if args.timings:
             pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
         return 0
-    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in race_entrants(m, n, k, arch, args.kinds)}, arch, maint.compile_any)
+    entrants = {"kinds": args.kinds, "twins": args.twins}
+    nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in race_entrants(m, n, k, arch, **entrants)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
     entries, timings = [], [] if args.timings else None
     for n, k in args.shapes:
-        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms, args.kinds))
+        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms, **entrants))
     if args.timings:
         pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
     if args.update and path.exists():

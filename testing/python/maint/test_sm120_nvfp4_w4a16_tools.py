@@ -329,8 +329,8 @@ def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     fragment = nv.FragConfig(16, 128, 128, 4, 4)  # no such field
     assert tune.twin_configs(fragment, [producer, tune.parse_twin("split_k=8")], 34816, 5120, "sm_90") == [fragment, fragment._replace(split_k=8)]
     assert tune.twin_configs(streamk, [tune.parse_twin("ctas_per_sm=8")], 34816, 5120, "sm_90") == [streamk]  # does not fit
-    with pytest.raises(SystemExit):
-        tune.main(["--twins", "producer=true", "--update"])
+    with pytest.raises(SystemExit):  # a table from twins only as an update
+        tune.main(["--twins", "producer=true", "--out", "table.json"])
 
 
 @pytest.mark.slow
@@ -366,3 +366,23 @@ def test_tuner_twins_time_and_check_each_config(tmp_path, capsys):
     assert sk.config_from_json(rows[0]) == base and all(r["ok"] and r["us"] > 0 for r in rows)
     assert len(rows) == len(tune.twin_configs(base, [{"stages": 3}], 256, 1024, nv.device_arch(device)))
     assert "256x1024 M=64: " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pytest.importorskip("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_tuner_twins_update_races_only_the_twins(tmp_path):
+    """``--twins ... --update``: a tuning whose entrants are the dispatch's config and its twins; the
+    breakpoint's entry is the final race's fastest."""
+    import torch
+
+    device = torch.device("cuda")
+    table, timings = tmp_path / "table.json", tmp_path / "timings.json"
+    twins = [{"stages": 3}, {"stages": 5}]
+    argv = ["--shapes", "256x1024", "--ms", "64", "--twins", "stages=3", "--twins", "stages=5", "--update", "--out", str(table), "--timings", str(timings)]
+    assert tune.main(argv) == 0
+    rows = json.loads(timings.read_text())["timings"]
+    entrants = tune.twin_configs(sk.config_for(64, 256, 1024, device), twins, 256, 1024, nv.device_arch(device))
+    assert sorted(map(repr, (sk.config_from_json(r) for r in rows))) == sorted(map(repr, entrants))
+    fastest = min((r for r in rows if "final_us" in r), key=lambda r: r["final_us"])
+    (entry,) = [e for e in json.loads(table.read_text())["entries"] if e["m_min"] <= 64 <= e["m_max"]]
+    assert (entry["kind"], entry["config"]) == (fastest["kind"], fastest["config"])

@@ -98,6 +98,8 @@ def test_compiles_for_sm90a(config):
         (16384, 5120, wg.WgmmaConfig(256, 128, 3, tma_loads=True, warpgroups=2)),
         (34816, 5120, sk.WgmmaStreamKConfig(24, 128, 7, 2, True)),  # the tuner's narrow twins (NARROW_TWINS_MAX_M)
         (34816, 5120, sk.WgmmaStreamKConfig(40, 128, 5, 2, True)),
+        (16384, 5120, wg.WgmmaConfig(24, 128, 13, 1, True, 2, True)),  # two warpgroups on an 8-row step
+        (5120, 17408, sk.WgmmaStreamKConfig(40, 128, 8, 1, True, 2, True)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -219,10 +221,10 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
 
 
 @pytest.mark.parametrize("m, narrow, tight", [(17, 24, 32), (24, 24, 32), (40, 40, 48), (56, 56, 64)])
-def test_tuner_offers_one_warpgroup_x_blocks_in_eight_row_steps(m, narrow, tight):
-    """Between the tight x block's 16-row steps (``wg.TIGHT_ROW_STEP``) every one-warpgroup candidate
-    on it comes also on the block in 8-row steps; two warpgroups keep 16-row blocks, and where the
-    tight block is already the narrowest (M = 32) nothing is added."""
+def test_tuner_offers_x_blocks_in_eight_row_steps(m, narrow, tight):
+    """Between the tight x block's 16-row steps (``wg.TIGHT_ROW_STEP``) every candidate on it, of
+    one or two warpgroups, comes also on the block in 8-row steps; where the tight block is already
+    the narrowest (M = 32) nothing is added."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     def wgmma(m):
@@ -230,10 +232,9 @@ def test_tuner_offers_one_warpgroup_x_blocks_in_eight_row_steps(m, narrow, tight
 
     assert wg.tight_wgmma_config(m, 34816, 5120).block_x == tight
     assert wg.tight_wgmma_config(m, 34816, 5120, row_step=wg.X_BLOCK_STEP).block_x == narrow
-    on_tight = {c for c in wgmma(m) if c.block_x == tight and c.warpgroups == 1}
-    assert on_tight and {c._replace(block_x=narrow) for c in on_tight} <= wgmma(m)
+    on_tight = {c for c in wgmma(m) if c.block_x == tight}
+    assert {c.warpgroups for c in on_tight} == {1, 2} and {c._replace(block_x=narrow) for c in on_tight} <= wgmma(m)
     assert sk.WgmmaStreamKConfig(narrow, 128, wg.deepest_stages(tight, 2, 128), 2, True) in wgmma(m)  # the table's kind, tight's stages
-    assert all(c.block_x % wg.TIGHT_ROW_STEP == 0 for c in wgmma(m) if c.warpgroups == 2)
     assert not any(c.block_x == 24 for c in wgmma(32))
 
 
@@ -416,13 +417,14 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
     rows. Up to it: SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES and the deepest pipeline that
-    the split's k tiles fill."""
+    the split's k tiles fill. (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
     if block_x is None:
         assert not split
         return
+    split = {c for c in split if c.block_x == block_x}
     deepest = wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K)
     expected = set()
     for s in tune.WGMMA_SPLITS:
@@ -490,6 +492,13 @@ def test_uneven_split_runs_each_count_with_a_static_trip_count():
 def test_x_blocks_step_by_8_rows_for_wgmma_only():
     wg.check_wgmma_config(wg.WgmmaConfig(8, 64, 4), 4096, 4096)
     wg.check_wgmma_config(wg.WgmmaConfig(24, 64, 4), 4096, 4096)
+    # Two warpgroups share the x block (one m64 atom of weight rows each), so the same 8-row steps.
+    for block_x in (8, 24, 136, 264):
+        wg.check_wgmma_config(wg.WgmmaConfig(block_x, 64, 4, warpgroups=2), 4096, 4096)
+    sk.check_any_config(sk.WgmmaStreamKConfig(40, 128, 5, 1, True, 2, True), 5120, 17408, "sm_90")
+    for warpgroups in (1, 2):
+        with pytest.raises(ValueError, match="multiple of"):
+            wg.check_wgmma_config(wg.WgmmaConfig(20, 64, 4, warpgroups=warpgroups), 4096, 4096)
     with pytest.raises(ValueError, match="multiple of 16"):
         nv.check_config(nv.FragConfig(block_m=8), 4096, 4096)
 
@@ -507,10 +516,7 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(block_k=256),
         wg.WgmmaConfig(block_x=12),
         wg.WgmmaConfig(block_x=368, warpgroups=2),  # over MAX_BLOCK_X (accumulators)
-        wg.WgmmaConfig(block_x=264, warpgroups=2),  # two warpgroups take the x block in 16-row steps
         wg.WgmmaConfig(block_x=144),  # over 128 rows needs two warpgroups
-        wg.WgmmaConfig(block_x=136, warpgroups=2),  # two warpgroups take the x block in 16-row steps
-        wg.WgmmaConfig(block_x=8, warpgroups=2),
         wg.WgmmaConfig(warpgroups=3),
         wg.WgmmaConfig(stages=2),
         wg.WgmmaConfig(tma_loads=1),
@@ -916,6 +922,9 @@ REFERENCE_CASES = [
     (144, 5120, 6144, wg.WgmmaConfig(144, 128, 3, warpgroups=2)),
     (24, 640, 2304, wg.WgmmaConfig(24, 64, 4, split_k=5)),  # uneven: 8 + 4 x 7 k tiles, each count static
     (40, 640, 2304, wg.WgmmaConfig(48, 128, 3, split_k=4)),  # uneven: 5, 5, 4, 4 k tiles, a run-time count
+    (20, 5120, 6144, wg.WgmmaConfig(24, 64, 4, split_k=4, warpgroups=2)),  # two warpgroups on 24 rows: 192 x chunks over 256 threads
+    (130, 640, 2304, wg.WgmmaConfig(136, 64, 4, warpgroups=2)),  # ... on 136 rows
+    (270, 640, 2304, wg.WgmmaConfig(264, 64, 4, warpgroups=2)),  # ... on 264 rows: two wgmmas per k16 step (N 256 + 8)
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # A producer warpgroup (TMA, two consumer warpgroups): stage reuse over many fills, a single fill per
@@ -944,6 +953,10 @@ PRODUCER_CASES = [
     (48, 5120, 6144, sk.WgmmaStreamKConfig(48, 64, 4, 2, True, 2, True)),
     (70, 640, 2304, sk.WgmmaStreamKConfig(64, 64, 4, 2, True, 2, True)),  # the most operands that fit: 64
     (16, 34816, 5120, sk.WgmmaStreamKConfig(16, 64, 8, 2, True, 2, True)),
+    # two consumer warpgroups on x blocks in 8-row steps (the tuner's narrow twins)
+    (24, 16384, 5120, wg.WgmmaConfig(24, 128, 13, 1, True, 2, True)),
+    (37, 5120, 6144, wg.WgmmaConfig(40, 128, 5, 3, True, 2, True)),
+    (40, 5120, 17408, sk.WgmmaStreamKConfig(40, 128, 8, 1, True, 2, True)),
     # streamk_waves: stream-K over the tiles left after whole waves, then the waves (H200 SM count)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
