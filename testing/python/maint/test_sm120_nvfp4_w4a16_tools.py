@@ -311,7 +311,7 @@ def test_tuner_final_race_does_not_believe_a_lucky_round(monkeypatch):
     assert tune.ranking_us([10.0, 10.4, 10.5]) == 10.0 and tune.ranking_us([8.0, 10.0, 10.0]) == 10.0
 
 
-def test_tuner_twins_parse_and_keep_only_twins_that_apply():
+def test_tuner_twins_parse_and_keep_only_twins_that_apply(capsys):
     """``--twins FIELD=VALUE[,...]``: integers and booleans; a twin is the dispatch's config with those
     fields changed, left out where the config has no such field or the twin does not fit."""
     import argparse
@@ -331,6 +331,9 @@ def test_tuner_twins_parse_and_keep_only_twins_that_apply():
     assert tune.twin_configs(streamk, [tune.parse_twin("ctas_per_sm=8")], 34816, 5120, "sm_90") == [streamk]  # does not fit
     with pytest.raises(SystemExit):  # a table from twins only as an update
         tune.main(["--twins", "producer=true", "--out", "table.json"])
+    with pytest.raises(SystemExit):
+        tune.main(["--twins", "producer=true", "--kinds", "SkinnyConfig", "--update"])
+    assert "each choose the entrants" in capsys.readouterr().err
 
 
 @pytest.mark.slow
