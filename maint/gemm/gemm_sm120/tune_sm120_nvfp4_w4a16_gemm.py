@@ -537,15 +537,14 @@ def twin_configs(base, twins: list, n: int, k: int, arch: str) -> list:
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
-def time_twins(n: int, k: int, ms: list, twins: list, device: torch.device, progress: bench.Progress, timings: list, heat_ms: float = 0.0) -> None:
+def time_twins(n: int, k: int, ms: list, twins: list, arch: str, progress: bench.Progress, timings: list, heat_ms: float = 0.0) -> None:
     """For each M: the dispatch's config (the table's, else the heuristics') and its twins, timed side
     by side and each checked against the FP32 reference; one line each on stdout, rows with ``ok`` in
     ``timings``."""
-    arch = nv.device_arch(device)
     raw, weights = rotated_weights(n, k)
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        configs = twin_configs(maint.config_for(m, n, k, device), twins, n, k, arch)
+        configs = race_entrants(m, n, k, arch, twins=twins)
         times = {c: us for us, c in time_configs(x, weights, configs, heat_ms)}
         ref = nv.reference_nvfp4_linear(x, *raw[0])
         cells = []
@@ -647,24 +646,20 @@ def main(argv=None) -> int:
     path = pathlib.Path(args.out) if args.out else maint.table_path(key)
     ms = sorted(set(args.ms))
     heat_ms = bench.SUSTAINED_HEAT_MS if args.sustained else 0.0
-    if args.twins and not args.update:
-        twins = {(n, k, c) for n, k in args.shapes for m in ms for c in twin_configs(maint.config_for(m, n, k, device), args.twins, n, k, arch)}
-        nv.precompile(twins, arch, maint.compile_any)
-        timings = []
-        progress = bench.Progress(len(args.shapes) * len(ms))
-        for n, k in args.shapes:
-            time_twins(n, k, ms, args.twins, device, progress, timings, heat_ms)
-        if args.timings:
-            pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
-        return 0
+    report_twins = bool(args.twins) and not args.update  # time and check the twins, write no table
     entrants = {"kinds": args.kinds, "twins": args.twins}
     nv.precompile({(n, k, c) for n, k in args.shapes for m in ms for c in race_entrants(m, n, k, arch, **entrants)}, arch, maint.compile_any)
     progress = bench.Progress(len(args.shapes) * len(ms))
-    entries, timings = [], [] if args.timings else None
+    entries, timings = [], [] if args.timings or report_twins else None
     for n, k in args.shapes:
-        entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms, **entrants))
+        if report_twins:
+            time_twins(n, k, ms, args.twins, arch, progress, timings, heat_ms)
+        else:
+            entries += entries_from_winners(n, k, tune_shape(n, k, ms, arch, progress, timings, heat_ms, **entrants))
     if args.timings:
         pathlib.Path(args.timings).write_text(json.dumps({"key": key, "timings": timings}, indent=0))
+    if report_twins:
+        return 0
     if args.update and path.exists():
         entries = update_entries(json.loads(path.read_text())["entries"], entries, ms)
     table = {"key": key, "gpu": torch.cuda.get_device_name(device), "date": datetime.date.today().isoformat(), "entries": entries}
