@@ -701,7 +701,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     """Without a tuned entry: on sm_90 the skinny kernel up to two n8 tiles of rows where the shape
     divides into one (``skinny.heuristic_config``; fitted to the tuner's timings of the tuned
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
-    else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``), two whole waves where that beats
+    else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; below
+    hopper.SMALL_M, of split tiles: ``hopper.small_m_one_wave_config``), two whole waves where that beats
     stream-K or one warpgroup (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
@@ -736,10 +737,12 @@ def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
     per_sm = WGMMA_STREAMK_CTAS_PER_SM if config.warpgroups == 1 else 1  # two warpgroups: one CTA per SM
     if m >= hopper.SMALL_M:
         min_imbalance = hopper.WGMMA_STREAMK_MIN_IMBALANCE
-    elif m >= hopper.HEURISTIC_MIN_M:
+    elif m >= hopper.HEURISTIC_MIN_M and config.warpgroups == 1:
         min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
     else:
-        return config  # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X)
+        # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X); below SMALL_M two
+        # warpgroups are one wave, a CTA per SM at most (hopper.small_m_one_wave_config).
+        return config
     if example.sm_imbalance(ctas, sm_count) < min_imbalance or iterations < MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
         return config
     deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k

@@ -396,7 +396,8 @@ def tight_wgmma_config(
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The sm_90 heuristic for shapes without a tuned entry: None below ``heuristic_min_m`` rows, or
-    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). TMA configs
+    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). Below
+    ``SMALL_M``, one wave of split tiles where it applies (``small_m_one_wave_config``). TMA configs
     whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
 
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
@@ -411,6 +412,9 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     m = min(m, example.MAX_M_PER_LAUNCH)
     if takes_two_warpgroups(m, n, k, sm_count):
         return _two_warpgroup_config(m, n, k, sm_count)
+    one_wave = small_m_one_wave_config(m, n, k, sm_count=sm_count)
+    if one_wave is not None:
+        return one_wave
     config = _x_blocks_for(m, n, k, sm_count)
     if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
         config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
@@ -566,12 +570,13 @@ def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Option
     return block_x if block_x <= MAX_BLOCK_X else None
 
 
-def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: int = ONE_WAVE_MIN_STAGES) -> Optional[WgmmaConfig]:
-    """Unsplit whole tiles of ``block_x`` rows, two consumer warpgroups and a producer, ``block_k``
-    deep, the deepest pipeline that fits (at most K's k tiles); None under ``min_stages`` stages. The
-    heuristic's one- and two-wave configs, and the tuner's whole-wave candidates."""
-    stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=block_k), k // block_k)
-    return WgmmaConfig(block_x, block_k, stages, 1, True, 2, True) if stages >= min_stages else None
+def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: int = ONE_WAVE_MIN_STAGES, split: int = 1) -> Optional[WgmmaConfig]:
+    """Tiles of ``block_x`` rows split ``split`` ways along K (whole by default), two consumer
+    warpgroups and a producer, ``block_k`` deep, the deepest pipeline that fits (at most a split's k
+    tiles); None under ``min_stages`` stages. The heuristic's one- and two-wave configs and its
+    small-M one (``small_m_one_wave_config``), and the tuner's whole-wave candidates."""
+    stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=block_k), k // block_k // split)
+    return WgmmaConfig(block_x, block_k, stages, split, True, 2, True) if stages >= min_stages else None
 
 
 def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_warpgroup: bool = False) -> Optional[WgmmaConfig]:
@@ -592,6 +597,34 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if block_x is None or block_x < TWO_WAVES_MIN_BLOCK_X or _tiles(m, n, block_x) < TWO_WAVES_MIN_FILL * 2 * sm_count:
         return None
     return whole_tiles_config(block_x, k)
+
+
+# Below SMALL_M, one wave of split tiles. Where the weight tiles number no more than the SMs, the
+# tuned table's winners at M = 17-64 (H200, 2026-12-02, four of its five shapes) are all one shape of
+# config: two consumer warpgroups and a producer, 128-deep k tiles by TMA, the deepest pipeline, the
+# x block in 8-row steps, split along K as far as the CTAs still find an SM each (16384x5120 and
+# 14336x5120 unsplit, 128 and 112 tiles; 5120x6144 and 5120x17408 split 3, 120 CTAs). The rule
+# under it (``_small_m_config``: one warpgroup, cp.async, 16-row steps, a split towards two CTAs per
+# SM) was fitted to timings of 2026-11-30, which predate 8-row x blocks and those winners. Raced on
+# the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200, 2026-12-02h, 3 rounds each, every
+# config checked against the reference; results/h200_ab_2026-12-02h_small_m_one_wave.json), this
+# rule's config took 0.72-0.94x the old rule's time in all 24 cells (4096x11008 M = 17 13.97 us
+# against 18.06; 4096x4096 M = 56 10.53 against 13.40; 6144x4096 M = 48 10.61 against 13.89). The
+# next lower split lost in all 14 cells that had one (1.09-1.48x); the same tiles as two-warpgroup
+# stream-K took 0.96-1.01x on 11008x4096 (86 tiles) and 0.99-1.22x elsewhere, one-warpgroup stream-K
+# 1.01x and more everywhere. A split keeps at least SMALL_M_ONE_WAVE_MIN_SPLIT_K of K (as many k as
+# the old rule's MIN_K_TILES_PER_SPLIT 64-deep tiles).
+SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
+
+
+def small_m_one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The small-M one-wave config above for ``HEURISTIC_MIN_M <= m < SMALL_M``, else None (more weight
+    tiles than SMs, K not in whole 128-deep tiles, or too few stages)."""
+    tiles = n // CTA_ROWS
+    if not HEURISTIC_MIN_M <= m < SMALL_M or tiles > sm_count or k % DEEP_K:
+        return None
+    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SMALL_M_ONE_WAVE_MIN_SPLIT_K))
+    return whole_tiles_config(X_BLOCK_STEP * -(-m // X_BLOCK_STEP), k, split=split)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

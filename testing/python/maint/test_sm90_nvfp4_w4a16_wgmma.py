@@ -557,8 +557,9 @@ def test_heuristic_x_block_is_the_tightest_cover():
     """The weights are dequantized once per x block: the fewest blocks of <= 128 rows with one
     warpgroup, <= 256 with two, each as small as that allows (M = 72 is one 80-row block, M = 144
     one of 144 rows on two warpgroups, M = 384 two of 192 rows on two where their tiles spread
-    evenly over the SMs, else three of 128 rows on one)."""
-    for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
+    evenly over the SMs, else three of 128 rows on one). Below SMALL_M 16384x5120's 128 tiles take
+    the small-M one-wave rule (``test_heuristic_small_m_one_wave``)."""
+    for m in range(wg.SMALL_M, nv.MAX_M_PER_LAUNCH + 1):
         c = wg.get_wgmma_config(m, 16384, 5120)
         most = wg.HEURISTIC_MAX_BLOCK_X if c.warpgroups == 2 else wg.ONE_WARPGROUP_MAX_BLOCK_X
         blocks = -(-m // c.block_x)
@@ -573,10 +574,14 @@ def test_heuristic_two_warpgroups():
     be under 128 rows or where two warpgroups' tiles load the SMs evenly; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
     the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``), each with the
     producer warpgroup (``TWO_WARPGROUP_PRODUCER``). The two shapes
-    here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception."""
+    here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception.
+    Below SMALL_M both take the small-M one-wave rule's two warpgroups (``test_heuristic_small_m_one_wave``)."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
         for n, k in ((16384, 5120), (5120, 6144)):
             c = wg.get_wgmma_config(m, n, k)
+            if m < wg.SMALL_M:
+                assert c == wg.small_m_one_wave_config(m, n, k) and c.warpgroups == 2, (m, n, k, c)
+                continue
             one = wg.tight_wgmma_config(m, n, k)
             even = not wg.two_warpgroup_tiles_load_sms_unevenly(m, n, k, 132)
             assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X or even)), (m, n, k, c)
@@ -632,11 +637,13 @@ def test_heuristic_two_warpgroup_exceptions():
 
 
 def test_heuristic_loads_by_tma_from_tma_block_x():
-    """TMA won with 128-row x blocks and lost with smaller ones (H200): the loader follows the block."""
+    """TMA won with 128-row x blocks and lost with smaller ones (H200): the loader follows the block,
+    except under the small-M one-wave rule's producer warpgroup, which loads by TMA only."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 7):
-        for n, k in ((16384, 5120), (4096, 4096), (5120, 6144)):
+        for n, k in ((16384, 5120), (4096, 4096), (5120, 6144), (34816, 5120)):
             config = wg.get_wgmma_config(m, n, k)
-            assert config.tma_loads == (config.block_x >= wg.TMA_BLOCK_X), (m, n, k, config)
+            one_wave = wg.small_m_one_wave_config(m, n, k) is not None
+            assert config.tma_loads == (one_wave or config.block_x >= wg.TMA_BLOCK_X), (m, n, k, config)
     assert wg.get_wgmma_config(1024, 16384, 5120).tma_loads and not wg.get_wgmma_config(72, 16384, 5120).tma_loads
 
 
@@ -663,18 +670,74 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
             assert 2 * (4096 // wg.CTA_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
+# The small-M one-wave rule's split per shape: the most that keeps a CTA per SM (132) and 1024 k per split.
+SMALL_M_ONE_WAVE_SPLITS = {
+    (4096, 4096): 4,  # 32 tiles: 128 CTAs
+    (4096, 11008): 4,
+    (6144, 4096): 2,  # 48 tiles: 96 CTAs (144 would not fit)
+    (11008, 4096): 1,  # 86 tiles
+    (16384, 5120): 1,
+    (14336, 5120): 1,
+    (5120, 17408): 3,  # 40 tiles: 120 CTAs
+    (5120, 6144): 3,
+    (640, 2304): 2,  # 5 tiles: 2304 k holds two splits of 1024
+}
+
+
+def test_heuristic_small_m_one_wave():
+    """At M = 17-63, where the weight tiles number no more than the SMs and K is whole 128-deep tiles:
+    two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps, the
+    split of SMALL_M_ONE_WAVE_SPLITS and the deepest pipeline a split's k tiles allow; the dispatch
+    runs it as it is (no stream-K). Not below M = 17, not from SMALL_M, not with more tiles than SMs
+    (34816x5120: 272) or K in 64-deep tiles only (4160)."""
+    for (n, k), split in SMALL_M_ONE_WAVE_SPLITS.items():
+        for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
+            block_x = 8 * -(-m // 8)
+            stages = min(wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K), k // wg.DEEP_K // split)
+            expected = wg.WgmmaConfig(block_x, wg.DEEP_K, stages, split, True, 2, True)
+            assert wg.small_m_one_wave_config(m, n, k) == expected, (m, n, k)
+            assert wg.get_wgmma_config(m, n, k) == sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == expected, (m, n, k)
+            wg.check_wgmma_config(expected, n, k)
+        assert wg.small_m_one_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None and wg.small_m_one_wave_config(wg.SMALL_M, n, k) is None
+    assert all(wg.small_m_one_wave_config(m, n, k) is None for m in (17, 40, 63) for n, k in ((34816, 5120), (4096, 4160)))
+    assert wg.small_m_one_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
+
+
+def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
+    """The H200 race committed under results/ (untuned shapes, M = 17-56, 3 rounds, every config
+    checked against the FP32 reference) holds, per cell, the dispatch's config before this rule, this
+    rule's config, the next lower split and both stream-K forms of the same tiles: this rule's config
+    passed, beat the one before it in all 24 cells (0.72-0.94x) and came within 5 % of the fastest."""
+    import json
+
+    rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_ab_2026-12-02h_small_m_one_wave.json").read_text())["rows"]
+    types = {"WgmmaConfig": wg.WgmmaConfig, "WgmmaStreamKConfig": sk.WgmmaStreamKConfig}
+    cells = {}
+    for row in rows:
+        assert row["ok"], row
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[eval(row["config"], types)] = (row["name"], row["best"])
+    assert len(cells) == 24
+    for (n, k, m), times in cells.items():
+        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        (before,) = [c for c, (name, _) in times.items() if name == "heuristic"]
+        ratio = times[chosen][1] / times[before][1]
+        assert 0.7 < ratio < 0.95, (n, k, m, ratio)
+        assert times[chosen][1] <= 1.05 * min(us for _, us in times.values()), (n, k, m)
+
+
 def test_heuristic_small_m_split_and_stages():
-    """Below SMALL_M the split doubles while the CTAs fit two per SM and each split keeps 16 k tiles;
-    x blocks of up to 32 rows take 128-deep k tiles where their CTAs fit two per SM, else 8 stages
-    of 64 (the H200 timings at SMALL_M's and DEEP_K's comments)."""
-    assert wg.get_wgmma_config(32, 4096, 4096) == wg.WgmmaConfig(32, 128, 5, 4)  # split 8 would leave 8 k tiles
-    assert wg.get_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 128, 5, 2)  # 256 CTAs
+    """Below SMALL_M, where the small-M one-wave rule does not apply (more weight tiles than SMs, K
+    not in 128-deep tiles), and as the tight cover under it: the split doubles while the CTAs fit two
+    per SM and each split keeps 16 k tiles; x blocks of up to 32 rows take 128-deep k tiles where
+    their CTAs fit two per SM, else 8 stages of 64 (the H200 timings at SMALL_M's and DEEP_K's comments)."""
+    assert wg.tight_wgmma_config(32, 4096, 4096) == wg.WgmmaConfig(32, 128, 5, 4)  # split 8 would leave 8 k tiles
+    assert wg.tight_wgmma_config(32, 16384, 5120) == wg.WgmmaConfig(32, 128, 5, 2)  # 256 CTAs
     assert wg.get_wgmma_config(32, 34816, 5120) == wg.WgmmaConfig(32, 64, 8, 1)  # 272 CTAs: over two per SM
     assert wg.get_wgmma_config(17, 256, 256) == wg.WgmmaConfig(32, 64, 4, 1)  # two 128-deep tiles: too few stages
     assert wg.get_wgmma_config(40, 34816, 5120) == wg.WgmmaConfig(48, 64, 4, 1)  # 272 tiles fill both slots
-    for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304), (256, 256), (128, 512)]:
+    for n, k in [(4096, 4096), (5120, 17408), (11008, 4096), (640, 2304), (256, 256), (128, 512), (34816, 5120), (4096, 4160)]:
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M):
-            c = wg.get_wgmma_config(m, n, k)
+            c = wg.tight_wgmma_config(m, n, k)
             tiles = n // wg.CTA_ROWS
             assert c.split_k == 1 or (tiles * c.split_k <= 2 * 132 and k // 64 // c.split_k >= wg.MIN_K_TILES_PER_SPLIT), (m, n, k, c)
             wg.check_wgmma_config(c, n, k)
@@ -800,14 +863,17 @@ def test_two_warpgroup_producer_against_the_committed_h200_timings():
 
 def test_heuristic_deep_k_against_the_committed_h200_timings():
     """Where the heuristic takes 128-deep k tiles, the tuner timed both its config and the 64-deep
-    twin with 8 stages (M = 24 and 32, committed under results/), and the 128-deep one won every cell."""
+    twin with 8 stages (M = 24 and 32, committed under results/), and the 128-deep one won every cell.
+    The small-M one-wave rule came later and takes most of these cells; the rule under it, which
+    these timings decided, is ``wg.tight_wgmma_config``."""
     deep = 0
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30f_m24-64.json").items():
-        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        if isinstance(chosen, wg.WgmmaConfig) and chosen.block_k == wg.DEEP_K:  # stream-K's: the next test
+        chosen = wg.tight_wgmma_config(m, n, k)
+        streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+        if wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and chosen.block_k == wg.DEEP_K and not streamk:  # stream-K's: the next test
             deep += 1
             assert times[chosen] < times[chosen._replace(block_k=wg.SWIZZLE_K, stages=wg.DEEP_STAGES)], (n, k, m)
-    assert deep == 6  # three shapes at M = 24 and 32; 34816x5120 and 5120x17408 are stream-K there
+    assert deep == 8  # four shapes at M = 24 and 32; the dispatch runs 34816x5120 as stream-K there
 
 
 def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch, without_skinny):
@@ -839,11 +905,14 @@ def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch, 
 def test_heuristic_evened_split_against_the_committed_h200_timings(without_skinny):
     """Where a doubled split of 4 loads the SMs unevenly and 3 does not (5120x6144: 160 CTAs against
     120), the heuristic takes 3 (wg._evened_split); the H200 tuner timings committed under results/
-    hold both configs in every such cell below SMALL_M, and split 3 won each."""
+    hold both configs in every such cell below SMALL_M, and split 3 won each. From M = 17 the small-M
+    one-wave rule, which came later, takes 5120x6144; the rule under it is ``wg.tight_wgmma_config``."""
     cells = committed_timings("h200_timings_2026-11-30g_m1-16.json") | committed_timings("h200_timings_2026-11-30f_m24-64.json")
     decided = []
     for (n, k, m), times in cells.items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        if wg.small_m_one_wave_config(m, n, k) is not None:
+            chosen = wg.tight_wgmma_config(m, n, k)
         if isinstance(chosen, wg.WgmmaConfig) and chosen.split_k % 3 == 0:
             decided.append(m)
             assert times[chosen] < times[chosen._replace(split_k=chosen.split_k // 3 * 4)], (n, k, m, chosen)
@@ -856,7 +925,8 @@ def test_heuristic_streamk_against_the_committed_h200_timings():
       dispatch's config: 128-deep was faster in every cell that holds both;
     - below M = 64, where the split-K config was timed (the twins on shapes without table entries,
       and the 2026-11-30f tuner timings at M = 24-48, which hold 64-deep stream-K), the heuristic's
-      choice between split-K and stream-K was never more than 3 % slower than the other."""
+      choice between split-K and stream-K was never more than 3 % slower than the other (in the cells
+      it still decides: the small-M one-wave rule takes those with no more weight tiles than SMs)."""
     twins = committed_timings("h200_timings_2026-11-30h_streamk_twins.json")
     pairs = 0
     for (n, k, m), times in twins.items():
@@ -871,12 +941,13 @@ def test_heuristic_streamk_against_the_committed_h200_timings():
             split_k = wg.get_wgmma_config(m, n, k)
             streamk = sk.WgmmaStreamKConfig(split_k.block_x, block_k, 4, 2) if split_k else None
             if not (wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and split_k in times and streamk in times):
-                continue
+                continue  # (where the small-M one-wave rule applies, split_k is its config: never timed here)
             takes_streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
             taken += [(n, m)] if takes_streamk else []
             chosen, other = (streamk, split_k) if takes_streamk else (split_k, streamk)
             assert times[chosen] <= 1.03 * times[other], (n, k, m, chosen, other)
-    assert sorted(taken) == [(5120, 24), (5120, 32), (5120, 48), (11008, 32), (11008, 48), (11008, 56), (34816, 24), (34816, 32), (34816, 48)]
+    # 5120x17408 at M = 24, 32, 48 and 11008x4096 at 32, 48, 56 took it too until the small-M one-wave rule
+    assert sorted(taken) == [(34816, 24), (34816, 32), (34816, 48)]
 
 
 def test_heuristic_leaves_short_k_to_the_other_kernels():
@@ -1326,16 +1397,17 @@ def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly(without_on
     """From M = 64, stream-K over the wgmma kernel where the split-K kernel's busiest SM would hold
     at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
     (16384x5120 M = 512: 512 CTAs), not where a CTA would get under 8 k tiles. At M = 17-63 only from
-    1.45x the mean (5120x17408 M = 32: 160 CTAs, 1.65x; not 6144x4096's 192 CTAs, 1.38x), and never
-    at M <= 16. From M = 64 it runs two consumer warpgroups and a producer over 128-deep k tiles;
-    below, one warpgroup, two CTAs per SM, 128-deep k tiles up to 64 x rows."""
+    1.45x the mean and where the weight tiles outnumber the SMs (34816x5120 M = 32: 272 CTAs, 1.46x;
+    with fewer tiles the small-M one-wave rule gives a CTA per SM at most: 5120x17408 and 11008x4096),
+    and never at M <= 16. From M = 64 it runs two consumer warpgroups and a producer over 128-deep k
+    tiles; below, one warpgroup, two CTAs per SM, 128-deep k tiles up to 64 x rows."""
     assert nv.sm_imbalance(80, 132) == pytest.approx(132 / 80) and nv.sm_imbalance(264, 132) == 1.0
     assert sk.heuristic_config(512, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
     assert isinstance(sk.heuristic_config(512, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
-    assert sk.heuristic_config(32, 5120, 17408, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
+    assert sk.heuristic_config(32, 34816, 5120, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
     assert sk.heuristic_config(64, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(64, 128, 4, 1, True, 2, True)
-    assert sk.heuristic_config(56, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(64, 128, 4, 2)
-    assert isinstance(sk.heuristic_config(32, 6144, 4096, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+    for m, n, k in ((32, 5120, 17408), (56, 11008, 4096), (32, 6144, 4096)):  # 1.65x, 1.53x, 1.38x the mean as split-K
+        assert sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == wg.small_m_one_wave_config(m, n, k)
     for n, k in [(5120, 17408), (11008, 4096), (34816, 5120)]:  # 1.46-1.65x at M = 17-63
         assert all(not isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig) for m in range(1, 17))
     assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
