@@ -711,11 +711,10 @@ def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
     import json
 
     rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_ab_2026-12-02h_small_m_one_wave.json").read_text())["rows"]
-    types = {"WgmmaConfig": wg.WgmmaConfig, "WgmmaStreamKConfig": sk.WgmmaStreamKConfig}
     cells = {}
     for row in rows:
         assert row["ok"], row
-        cells.setdefault((row["n"], row["k"], row["m"]), {})[eval(row["config"], types)] = (row["name"], row["best"])
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = (row["name"], row["best"])
     assert len(cells) == 24
     for (n, k, m), times in cells.items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
