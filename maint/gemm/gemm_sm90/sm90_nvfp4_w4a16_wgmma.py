@@ -605,9 +605,9 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along K as far
 # as the CTAs still find an SM each (16384x5120 and 14336x5120 unsplit, 128 and 112 tiles; 5120x6144
 # and 5120x17408 split 3, 120 CTAs). At M = 33-64 5120x17408 took the same tiles as two-warpgroup
-# stream-K. The rule
-# under it (``_small_m_config``: one warpgroup, cp.async, 16-row steps, a split towards two CTAs per
-# SM) was fitted to timings of 2026-11-30, which predate 8-row x blocks and those winners. Raced on
+# stream-K. The rule under it (``_small_m_config``: one warpgroup, cp.async, 16-row steps, a split
+# towards two CTAs per SM) was fitted to timings of 2026-11-30, which predate 8-row x blocks and
+# those winners. Raced on
 # the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200, 2026-12-02h, 3 rounds each, every
 # config checked against the reference; results/h200_ab_2026-12-02h_small_m_one_wave.json), this
 # rule's config took 0.72-0.94x the old rule's time in all 24 cells (4096x11008 M = 17 13.97 us
