@@ -602,20 +602,20 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # Below SMALL_M, one wave of split tiles. Where the weight tiles number no more than the SMs, the
 # tuned table's winners (H200, 2026-12-02) at M = 17-64 on 16384x5120, 14336x5120 and 5120x6144 and
 # at M = 17-32 on 5120x17408 are one shape of config: two consumer warpgroups and a producer,
-# 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along K as far
-# as the CTAs still find an SM each (16384x5120 and 14336x5120 unsplit, 128 and 112 tiles; 5120x6144
+# 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along K as far as
+# the CTAs still find an SM each (16384x5120 and 14336x5120 unsplit, 128 and 112 tiles; 5120x6144
 # and 5120x17408 split 3, 120 CTAs). At M = 33-64 5120x17408 took the same tiles as two-warpgroup
 # stream-K. The rule under it (``_small_m_config``: one warpgroup, cp.async, 16-row steps, a split
 # towards two CTAs per SM) was fitted to timings of 2026-11-30, which predate 8-row x blocks and
-# those winners. Raced on
-# the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200, 2026-12-02h, 3 rounds each, every
-# config checked against the reference; results/h200_ab_2026-12-02h_small_m_one_wave.json), this
-# rule's config took 0.72-0.94x the old rule's time in all 24 cells (4096x11008 M = 17 13.97 us
-# against 18.06; 4096x4096 M = 56 10.53 against 13.40; 6144x4096 M = 48 10.61 against 13.89). The
-# next lower split lost in all 14 cells that had one (1.09-1.48x); the same tiles as two-warpgroup
-# stream-K took 0.96-1.01x on 11008x4096 (86 tiles) and 0.99-1.22x elsewhere, one-warpgroup stream-K
-# 1.01x and more everywhere. A split keeps at least SMALL_M_ONE_WAVE_MIN_SPLIT_K of K (as many k as
-# the old rule's MIN_K_TILES_PER_SPLIT 64-deep tiles).
+# those winners. Raced on the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200,
+# 2026-12-02h, 3 rounds each, every config checked against the reference;
+# results/h200_ab_2026-12-02h_small_m_one_wave.json), this rule's config took 0.72-0.94x the old
+# rule's time in all 24 cells (4096x11008 M = 17 13.97 us against 18.06; 4096x4096 M = 56 10.53
+# against 13.40; 6144x4096 M = 48 10.61 against 13.89). The next lower split lost in all 14 cells
+# that had one (1.09-1.48x); the same tiles as two-warpgroup stream-K took 0.96-1.01x on 11008x4096
+# (86 tiles) and 0.99-1.22x elsewhere, one-warpgroup stream-K 1.01x and more everywhere. A split
+# keeps at least SMALL_M_ONE_WAVE_MIN_SPLIT_K of K (as many k as the old rule's
+# MIN_K_TILES_PER_SPLIT 64-deep tiles).
 SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
 
 
