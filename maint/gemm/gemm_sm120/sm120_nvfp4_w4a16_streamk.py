@@ -701,8 +701,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     """Without a tuned entry: on sm_90 the skinny kernel up to two n8 tiles of rows where the shape
     divides into one (``skinny.heuristic_config``; fitted to the tuner's timings of the tuned
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
-    else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; below
-    hopper.SMALL_M, of split tiles: ``hopper.small_m_one_wave_config``), two whole waves where that beats
+    else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
+    hopper.SMALL_M_ONE_WAVE_MAX_M rows, of split tiles: ``hopper.small_m_one_wave_config``), two whole waves where that beats
     stream-K or one warpgroup (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two

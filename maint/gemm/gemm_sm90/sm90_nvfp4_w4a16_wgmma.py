@@ -396,9 +396,9 @@ def tight_wgmma_config(
 
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The sm_90 heuristic for shapes without a tuned entry: None below ``heuristic_min_m`` rows, or
-    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). Below
-    ``SMALL_M``, one wave of split tiles where it applies (``small_m_one_wave_config``). TMA configs
-    whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
+    when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). Up to
+    ``SMALL_M_ONE_WAVE_MAX_M`` rows, one wave of split tiles where it applies
+    (``small_m_one_wave_config``). TMA configs whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
 
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
@@ -599,15 +599,15 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     return whole_tiles_config(block_x, k)
 
 
-# Below SMALL_M, one wave of split tiles. Where the weight tiles number no more than the SMs, the
-# tuned table's winners (H200, 2026-12-02) at M = 17-64 on 16384x5120, 14336x5120 and 5120x6144 and
-# at M = 17-32 on 5120x17408 are one shape of config: two consumer warpgroups and a producer,
-# 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along K as far as
-# the CTAs still find an SM each (16384x5120 and 14336x5120 unsplit, 128 and 112 tiles; 5120x6144
-# and 5120x17408 split 3, 120 CTAs). At M = 33-64 5120x17408 took the same tiles as two-warpgroup
-# stream-K. The rule under it (``_small_m_config``: one warpgroup, cp.async, 16-row steps, a split
-# towards two CTAs per SM) was fitted to timings of 2026-11-30, which predate 8-row x blocks and
-# those winners. Raced on the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200,
+# Up to SMALL_M_ONE_WAVE_MAX_M rows, one wave of split tiles. Where the weight tiles number no more
+# than the SMs, the tuned table's winners (H200, 2026-12-02) at M = 17-64 on 16384x5120, 14336x5120
+# and 5120x6144 and at M = 17-32 on 5120x17408 are one shape of config: two consumer warpgroups and
+# a producer, 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along
+# K as far as the CTAs still find an SM each (16384x5120 and 14336x5120 unsplit, 128 and 112 tiles;
+# 5120x6144 and 5120x17408 split 3, 120 CTAs). At M = 33-64 5120x17408 took the same tiles as
+# two-warpgroup stream-K. The rule under it (``_small_m_config``: one warpgroup, cp.async, 16-row
+# steps, a split towards two CTAs per SM) was fitted to timings of 2026-11-30, which predate 8-row x
+# blocks and those winners. Raced on the four untuned shapes at M = 17, 24, 32, 40, 48 and 56 (H200,
 # 2026-12-02h, 3 rounds each, every config checked against the reference;
 # results/h200_ab_2026-12-02h_small_m_one_wave.json), this rule's config took 0.72-0.94x the old
 # rule's time in all 24 cells (4096x11008 M = 17 13.97 us against 18.06; 4096x4096 M = 56 10.53
@@ -616,14 +616,30 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # (86 tiles) and 0.99-1.22x elsewhere, one-warpgroup stream-K 1.01x and more everywhere. A split
 # keeps at least SMALL_M_ONE_WAVE_MIN_SPLIT_K of K (as many k as the old rule's
 # MIN_K_TILES_PER_SPLIT 64-deep tiles).
+# From SMALL_M to SMALL_M_ONE_WAVE_MAX_M the table holds the same shape of config (16384x5120 and
+# 14336x5120 unsplit at M = 65-128, 5120x6144 split 3 at 73-128), where the heuristic gave one
+# warpgroup by cp.async (N >= 14336), four 32-row blocks (4096x4096) or 64-row blocks split 4
+# (4096x11008). Raced (H200, 2026-12-02i, results/h200_ab_2026-12-02i_one_wave_m64-128.json, 3
+# rounds, all verified) on the four untuned shapes at M = 64, 72, 96 and 128, then checked on nine
+# shapes not used to set it at M = 64, 80, 96 and 128. Of the 41 cells where the dispatch's config
+# changed, 38 ran 0.58-0.99x the time of the rule before (4096x11008 M = 72 18.28 us against 31.27;
+# 14336x4096 M = 96 20.99 against 31.76; 8192x28672 M = 128 83.54 against 105.45), 5120x17408 M = 80
+# and 96 1.01-1.02x (its table takes stream-K there), and 3072x4096 M = 128 (96 CTAs of 8 k tiles)
+# 1.09x: 14.43 against 13.20 for stream-K over two 64-row blocks. In 48 of the 49 timed cells it was
+# within 4 % of the fastest config raced. Where its CTAs leave more than a sixth of the SMs idle the
+# dispatch runs the same tiles as stream-K from SMALL_M (``WGMMA_STREAMK_MIN_IMBALANCE``:
+# 6144x4096's 96 CTAs, 11008x4096's 86), which took 0.73-1.00x the time before; and where M cuts
+# into whole 64-row blocks that fill one wave (``one_wave_config``) those come first. Past 128 rows
+# nothing was raced.
 SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
+SMALL_M_ONE_WAVE_MAX_M = 128
 
 
 def small_m_one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The small-M one-wave config above for ``HEURISTIC_MIN_M <= m < SMALL_M``, else None (more weight
-    tiles than SMs, K not in whole 128-deep tiles, or too few stages)."""
+    """The small-M one-wave config above for ``HEURISTIC_MIN_M <= m <= SMALL_M_ONE_WAVE_MAX_M``, else
+    None (more weight tiles than SMs, K not in whole 128-deep tiles, or too few stages)."""
     tiles = n // CTA_ROWS
-    if not HEURISTIC_MIN_M <= m < SMALL_M or tiles > sm_count or k % DEEP_K:
+    if not HEURISTIC_MIN_M <= m <= SMALL_M_ONE_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
         return None
     split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SMALL_M_ONE_WAVE_MIN_SPLIT_K))
     return whole_tiles_config(X_BLOCK_STEP * -(-m // X_BLOCK_STEP), k, split=split)

@@ -206,9 +206,13 @@ GRAPH_CONFIGS = {
     64: sk.StreamKConfig(64, 128, 128, 1, 4, 3, 1),
     300: sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1),
 }
-# The last four: the sm_90 heuristic's small-M one-wave rule (hopper.small_m_one_wave_config) at
-# splits 4, 2 and 1, on one weight tile with as few k tiles as stages, and on 86 tiles.
-DISPATCH_CASES = [(1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408), (40, 4096, 4096), (20, 640, 2304), (17, 128, 512), (33, 11008, 4096)]
+# From (40, 4096, 4096): the sm_90 heuristic's small-M one-wave rule (hopper.small_m_one_wave_config)
+# at splits 4, 2 and 1, on one weight tile with as few k tiles as stages, on 86 tiles, at 72 rows
+# split 4, and at 96 rows as stream-K (96 CTAs leave over a sixth of the SMs idle).
+DISPATCH_CASES = [
+    (1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408),
+    (40, 4096, 4096), (20, 640, 2304), (17, 128, 512), (33, 11008, 4096), (72, 4096, 11008), (96, 6144, 4096),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="session", autouse=True)
