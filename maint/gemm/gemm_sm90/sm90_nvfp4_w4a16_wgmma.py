@@ -628,9 +628,13 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # 1.09x: 14.43 against 13.20 for stream-K over two 64-row blocks. In 48 of the 49 timed cells it was
 # within 4 % of the fastest config raced. Where its CTAs leave more than a sixth of the SMs idle the
 # dispatch runs the same tiles as stream-K from SMALL_M (``WGMMA_STREAMK_MIN_IMBALANCE``:
-# 6144x4096's 96 CTAs, 11008x4096's 86), which took 0.73-1.00x the time before; and where M cuts
-# into whole 64-row blocks that fill one wave (``one_wave_config``) those come first. Past 128 rows
-# nothing was raced.
+# 6144x4096's 96 CTAs, 11008x4096's 86), which took 0.73-1.00x the time before. It comes before the
+# one-wave rule of whole 64-row x blocks (``one_wave_config``, which M = 97-128 reaches on 45-66
+# weight tiles): raced after it at M = 104-128 on 6144x4096, 7168x4096, 7680x4096, 8192x4096 and
+# 8192x5120 (results/h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json), this rule's
+# config as the dispatch runs it took 0.86-1.00x the time of the whole 64-row blocks in all 12 cells
+# (6144x4096 M = 104 15.72 us against 18.28, as stream-K; 8192x5120 M = 104 19.33 against 22.18;
+# 8192x4096 M = 128 18.65 against 18.58, the one tie). Past 128 rows nothing was raced.
 SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
 SMALL_M_ONE_WAVE_MAX_M = 128
 
