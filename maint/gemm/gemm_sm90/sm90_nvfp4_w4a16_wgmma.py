@@ -621,20 +621,23 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # warpgroup by cp.async (N >= 14336), four 32-row blocks (4096x4096) or 64-row blocks split 4
 # (4096x11008). Raced (H200, 2026-12-02i, results/h200_ab_2026-12-02i_one_wave_m64-128.json, 3
 # rounds, all verified) on the four untuned shapes at M = 64, 72, 96 and 128, then checked on nine
-# shapes not used to set it at M = 64, 80, 96 and 128. Of the 41 cells where the dispatch's config
-# changed, 38 ran 0.58-0.99x the time of the rule before (4096x11008 M = 72 18.28 us against 31.27;
-# 14336x4096 M = 96 20.99 against 31.76; 8192x28672 M = 128 83.54 against 105.45), 5120x17408 M = 80
-# and 96 1.01-1.02x (its table takes stream-K there), and 3072x4096 M = 128 (96 CTAs of 8 k tiles)
-# 1.09x: 14.43 against 13.20 for stream-K over two 64-row blocks. In 48 of the 49 timed cells it was
-# within 4 % of the fastest config raced. Where its CTAs leave more than a sixth of the SMs idle the
-# dispatch runs the same tiles as stream-K from SMALL_M (``WGMMA_STREAMK_MIN_IMBALANCE``:
-# 6144x4096's 96 CTAs, 11008x4096's 86), which took 0.73-1.00x the time before. It comes before the
-# one-wave rule of whole 64-row x blocks (``one_wave_config``, which M = 97-128 reaches on 45-66
-# weight tiles): raced after it at M = 104-128 on 6144x4096, 7168x4096, 7680x4096, 8192x4096 and
-# 8192x5120 (results/h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json), this rule's
-# config as the dispatch runs it took 0.86-1.00x the time of the whole 64-row blocks in all 12 cells
+# shapes not used to set it at M = 64, 80, 96 and 128. Of the 41 cells where that changed the
+# dispatch's config, 38 ran 0.58-0.99x the time of the rule before (4096x11008 M = 72 18.28 us
+# against 31.27; 14336x4096 M = 96 20.99 against 31.76; 8192x28672 M = 128 83.54 against 105.45),
+# 5120x17408 M = 80 and 96 1.01-1.02x (its table takes stream-K there), and 3072x4096 M = 128 (96
+# CTAs of 8 k tiles) 1.09x: 14.43 against 13.20 for stream-K over two 64-row blocks. Where its CTAs
+# leave more than a sixth of the SMs idle the dispatch runs the same tiles as stream-K from SMALL_M
+# (``WGMMA_STREAMK_MIN_IMBALANCE``: 6144x4096's 96 CTAs, 11008x4096's 86), which took 0.73-1.00x the
+# time before. It comes before the one-wave rule of whole 64-row x blocks (``one_wave_config``,
+# which M = 97-128 reaches on 45-66 weight tiles): raced after it at M = 104-128 on 6144x4096,
+# 7168x4096, 7680x4096, 8192x4096 and 8192x5120
+# (results/h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json), this rule's config as
+# the dispatch runs it took 0.86-1.00x the time of the whole 64-row blocks in all 12 cells
 # (6144x4096 M = 104 15.72 us against 18.28, as stream-K; 8192x5120 M = 104 19.33 against 22.18;
-# 8192x4096 M = 128 18.65 against 18.58, the one tie). Past 128 rows nothing was raced.
+# 8192x4096 M = 128 18.65 against 18.58, the one tie). Over the three races, with the dispatch as it
+# now is: within 4 % of the fastest config raced in 60 of the 61 cells that timed its config; of the
+# 53 cells whose config it changed, 49 faster, that tie, and the three losses above. Past 128 rows
+# nothing was raced.
 SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
 SMALL_M_ONE_WAVE_MAX_M = 128
 
