@@ -692,7 +692,10 @@ STREAMK_TWO_WARPGROUPS_MIN_M = hopper.SMALL_M
 # sample): M = 256 on 11008x4096, 4096x11008 and 6144x4096 40.5 / 39.8 / 27.1 us against 45.0 / 45.6 /
 # 32.9; 5120x6144 M = 232 30.9 against 36.0; 5120x17408 M = 256 69.9 against 71.4, M = 232 69.2
 # against 67.6 (the one loss). With more tiles than SMs it lost: 34816x5120 (272 tiles) M = 232 134.4
-# against 123.9, M = 256 136.1 against 134.0.
+# against 123.9, M = 256 136.1 against 134.0. It only ever narrows: at M = 113-120 the small-M
+# one-wave rule's 120-row tiles stay 120 rows as stream-K, 0.97x the time of 128-row ones in all four
+# cells raced (6144x4096 and 11008x4096 at M = 113 and 120; H200, 2026-12-02i, results/h200_ab_
+# 2026-12-02i_streamk_keeps_the_8_row_block.json: 16.63 us against 17.09 at 6144x4096 M = 113).
 NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
 
 
@@ -748,7 +751,8 @@ def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
     deep_k = hopper.DEEP_K if k % hopper.DEEP_K == 0 else config.block_k
     if config.warpgroups == 2:
         one = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count)
-        if one.block_x == NARROW_STREAMK_BLOCK_X and ctas < sm_count and deep_k == hopper.DEEP_K:  # see NARROW_STREAMK_BLOCK_X
+        narrower = one.block_x == NARROW_STREAMK_BLOCK_X < config.block_x
+        if narrower and ctas < sm_count and deep_k == hopper.DEEP_K:  # see NARROW_STREAMK_BLOCK_X
             return WgmmaStreamKConfig(one.block_x, deep_k, hopper.DEFAULT_STAGES, 1, True, 2, True)
         return WgmmaStreamKConfig(config.block_x, config.block_k, hopper.DEFAULT_STAGES, 1, True, 2, config.producer)
     if m >= STREAMK_TWO_WARPGROUPS_MIN_M:

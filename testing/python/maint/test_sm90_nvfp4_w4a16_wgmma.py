@@ -721,6 +721,8 @@ def test_heuristic_small_m_one_wave():
     # From SMALL_M, 96 and 86 CTAs leave over a sixth of the SMs idle: stream-K over the same tiles.
     assert sk.heuristic_config(96, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(96, 128, 4, 1, True, 2, True)
     assert sk.heuristic_config(72, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(72, 128, 4, 1, True, 2, True)
+    # As stream-K the 8-row-step block stays (NARROW_STREAMK_BLOCK_X only narrows wider blocks)
+    assert sk.heuristic_config(113, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(120, 128, 4, 1, True, 2, True)
     # Before whole 64-row blocks where M = 97-128 cuts into two of them that fill one wave
     assert wg.one_wave_config(128, 6144, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
     assert sk.heuristic_config(128, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
@@ -809,6 +811,23 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     slower_untuned = [key for key in changed if untuned_after[key] >= untuned_before[key]]
     assert len(changed) == 46, len(changed)
     assert not slower_untuned, slower_untuned
+
+
+def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
+    """At M = 113-120 the one-wave rule's 120-row tiles run as stream-K over 120 rows, not widened to
+    NARROW_STREAMK_BLOCK_X: in the H200 race committed under results/ (both configs checked against
+    the FP32 reference) the 120-row form was faster in all four cells."""
+    import json
+
+    rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_ab_2026-12-02i_streamk_keeps_the_8_row_block.json").read_text())["rows"]
+    cells = {}
+    for row in rows:
+        assert row["ok"], row
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["best"]
+    assert len(cells) == 4
+    for (n, k, m), times in cells.items():
+        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        assert chosen.block_x == 120 and times[chosen] == min(times.values()), (n, k, m)
 
 
 def test_heuristic_small_m_split_and_stages():
