@@ -702,9 +702,9 @@ def test_heuristic_small_m_one_wave():
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
     the split of SMALL_M_ONE_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
     SMALL_M the dispatch runs it as it is; from there as it is where its CTAs keep all but a sixth of
-    the SMs busy, else as two-warpgroup stream-K of the same tiles, and whole 64-row blocks that fill
-    a wave come first. Not below M = 17, not past 128 rows, not with more tiles than SMs (34816x5120:
-    272) or K in 64-deep tiles only (4160)."""
+    the SMs busy, else as two-warpgroup stream-K of the same tiles (over the same 8-row-step block),
+    and ahead of whole 64-row blocks that fill a wave. Not below M = 17, not past 128 rows, not with
+    more tiles than SMs (34816x5120: 272) or K in 64-deep tiles only (4160)."""
     for (n, k), split in SMALL_M_ONE_WAVE_SPLITS.items():
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M_ONE_WAVE_MAX_M + 1):
             block_x = 8 * -(-m // 8)
