@@ -10,6 +10,7 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "maint" / "gemm" / "gemm_sm120" / "results"  # committed H200 runs, races and timings
 sys.path.insert(0, str(ROOT / "maint" / "gemm" / "gemm_sm120"))
 
 import sm120_nvfp4_w4a16_streamk as sk  # noqa: E402
@@ -385,8 +386,19 @@ def untuned_run(name: str) -> dict:
     """``{(n, k, m): us}``, our fastest round per cell of a benchmark run committed under results/."""
     import json
 
-    cells = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["cells"]
+    cells = json.loads((RESULTS / name).read_text())["cells"]
     return {(c["n"], c["k"], c["m"]): min(c["rounds"]["ours"]) for c in cells}
+
+
+def committed_race_rows(*names: str) -> list:
+    """The rows of scratch races committed under results/ (``{"note", "rows"}``: n, k, m, name, ok,
+    best and the config), each checked to have passed the FP32 reference before it was timed."""
+    import json
+
+    rows = [row for name in names for row in json.loads((RESULTS / name).read_text())["rows"]]
+    for row in rows:
+        assert row["ok"], row
+    return rows
 
 
 def test_whole_wave_rules_in_the_committed_untuned_runs(without_small_m_one_wave):
@@ -738,12 +750,8 @@ def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
     checked against the FP32 reference) holds, per cell, the dispatch's config before this rule, this
     rule's config, the next lower split and both stream-K forms of the same tiles: this rule's config
     passed, beat the one before it in all 24 cells (0.72-0.94x) and came within 5 % of the fastest."""
-    import json
-
-    rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_ab_2026-12-02h_small_m_one_wave.json").read_text())["rows"]
     cells = {}
-    for row in rows:
-        assert row["ok"], row
+    for row in committed_race_rows("h200_ab_2026-12-02h_small_m_one_wave.json"):
         cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = (row["name"], row["best"])
     assert len(cells) == 24
     for (n, k, m), times in cells.items():
@@ -765,14 +773,8 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     (5120x17408, whose table takes stream-K) and 9 % in that one. Untuned run i, after the rule
     reached 128 rows (all 32 M, Marlin and cuBLAS in the same run), was faster than run w (before the
     rule) in all 46 cells whose config the rule changed, M = 17-128."""
-    import json
-
-    results = ROOT / "maint" / "gemm" / "gemm_sm120" / "results"
-    rows = json.loads((results / "h200_ab_2026-12-02i_one_wave_m64-128.json").read_text())["rows"]
-    rows += json.loads((results / "h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json").read_text())["rows"]
-    assert all(row["ok"] for row in rows)
     cells = {}
-    for row in rows:
+    for row in committed_race_rows("h200_ab_2026-12-02i_one_wave_m64-128.json", "h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json"):
         cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
     assert len(cells) == 16 + 36 + 15
 
@@ -817,12 +819,8 @@ def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
     """At M = 113-120 the one-wave rule's 120-row tiles run as stream-K over 120 rows, not widened to
     NARROW_STREAMK_BLOCK_X: in the H200 race committed under results/ (both configs checked against
     the FP32 reference) the 120-row form was faster in all four cells."""
-    import json
-
-    rows = json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / "h200_ab_2026-12-02i_streamk_keeps_the_8_row_block.json").read_text())["rows"]
     cells = {}
-    for row in rows:
-        assert row["ok"], row
+    for row in committed_race_rows("h200_ab_2026-12-02i_streamk_keeps_the_8_row_block.json"):
         cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["best"]
     assert len(cells) == 4
     for (n, k, m), times in cells.items():
@@ -871,7 +869,7 @@ def committed_timings(name: str) -> dict:
     import json
 
     cells = {}
-    for row in json.loads((ROOT / "maint" / "gemm" / "gemm_sm120" / "results" / name).read_text())["timings"]:
+    for row in json.loads((RESULTS / name).read_text())["timings"]:
         cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["us"]
     return cells
 
