@@ -410,11 +410,11 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if m < heuristic_min_m(n, sm_count) or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
-    if takes_two_warpgroups(m, n, k, sm_count):
-        return _two_warpgroup_config(m, n, k, sm_count)
     one_wave = small_m_one_wave_config(m, n, k, sm_count=sm_count)
     if one_wave is not None:
         return one_wave
+    if takes_two_warpgroups(m, n, k, sm_count):
+        return _two_warpgroup_config(m, n, k, sm_count)
     config = _x_blocks_for(m, n, k, sm_count)
     if config.tma_loads and wgmma_ctas(config, m, n) <= sm_count:
         config = config._replace(stages=min(LONE_CTA_TMA_STAGES, k // SWIZZLE_K // config.split_k))
@@ -636,10 +636,18 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # (6144x4096 M = 104 15.72 us against 18.28, as stream-K; 8192x5120 M = 104 19.33 against 22.18;
 # 8192x4096 M = 128 18.65 against 18.58, the one tie). Over the three races, with the dispatch as it
 # now is: within 4 % of the fastest config raced in 60 of the 61 cells that timed its config; of the
-# 53 cells whose config it changed, 49 faster, that tie, and the three losses above. Past 128 rows
-# nothing was raced.
+# 53 cells whose config it changed, 49 faster, that tie, and the three losses above.
+# It reaches 144 rows, the widest x block whose 128-deep tiles still hold five stages (four from 152,
+# three from 192), and comes before two warpgroups' tight blocks there. Raced (H200, 2026-12-02j,
+# results/h200_ab_2026-12-02j_one_wave_m129-256.json, 3 rounds, all verified) on the four untuned
+# shapes at M = 144, 192 and 256: at 144 it took 0.91-0.93x the dispatch's time before (4096x11008
+# 25.43 us against 27.99; 11008x4096 and 6144x4096 as stream-K), at 192 and 256 (64-deep tiles) one
+# x block lost every cell; then on eight other shapes at M = 136 and 144: 0.70-0.99x in 13 of 16
+# cells (2560x8192 M = 136 17.93 against 25.80), 3072x4096 1.07x and 1.12x (as at M = 128) and
+# 8192x4096 M = 144 1.02x. At M = 152-160 (four stages) it still won on most shapes but lost 3-9 %
+# on 7168x4096 and 8192x4096 to their one wave of whole 80-row blocks, and at 176 it tied.
 SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
-SMALL_M_ONE_WAVE_MAX_M = 128
+SMALL_M_ONE_WAVE_MAX_M = 144
 
 
 def small_m_one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:

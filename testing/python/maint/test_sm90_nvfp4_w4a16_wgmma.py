@@ -644,7 +644,7 @@ def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave
     # warpgroups' split-K (``test_two_warpgroups_on_even_tiles_against_the_committed_h200_timings``)
 
 
-def test_heuristic_two_warpgroup_exceptions():
+def test_heuristic_two_warpgroup_exceptions(without_small_m_one_wave):
     """One warpgroup where two would have under 20 k tiles per SM (4096x4096 M <= 256: 32 tiles of 64
     k tiles), or where two need stream-K while one warpgroup's unsplit tiles fill one wave of two CTAs
     per SM (11008x4096 M = 272 and 304: 258 tiles); both lost on the H200 (``takes_two_warpgroups``)."""
@@ -710,13 +710,14 @@ SMALL_M_ONE_WAVE_SPLITS = {
 
 
 def test_heuristic_small_m_one_wave():
-    """At M = 17-128, where the weight tiles number no more than the SMs and K is whole 128-deep
+    """At M = 17-144, where the weight tiles number no more than the SMs and K is whole 128-deep
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
     the split of SMALL_M_ONE_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
     SMALL_M the dispatch runs it as it is; from there as it is where its CTAs keep all but a sixth of
     the SMs busy, else as two-warpgroup stream-K of the same tiles (over the same 8-row-step block),
-    and ahead of whole 64-row blocks that fill a wave. Not below M = 17, not past 128 rows, not with
-    more tiles than SMs (34816x5120: 272) or K in 64-deep tiles only (4160)."""
+    and ahead of whole 64-row blocks that fill a wave and (past 128 rows) of two warpgroups' tight
+    blocks. Not below M = 17, not past 144 rows, not with more tiles than SMs (34816x5120: 272) or K
+    in 64-deep tiles only (4160)."""
     for (n, k), split in SMALL_M_ONE_WAVE_SPLITS.items():
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M_ONE_WAVE_MAX_M + 1):
             block_x = 8 * -(-m // 8)
@@ -743,6 +744,11 @@ def test_heuristic_small_m_one_wave():
     # 3072x4096 M = 128: 96 CTAs, but too few k tiles for stream-K (the rule's one loss in its race)
     assert sk.heuristic_config(128, 3072, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
     assert wg.small_m_one_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
+    # Past 128 rows, ahead of two warpgroups' tight blocks (48 rows x 3 on 4096x4096, stream-K over
+    # 144 rows 64 deep on 11008x4096); from 145 rows those again.
+    assert sk.heuristic_config(144, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
+    assert sk.heuristic_config(144, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
+    assert sk.heuristic_config(145, 4096, 11008, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(160, 64, 4, 1, True, 2, True)
 
 
 def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
@@ -798,8 +804,9 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     assert (timed, near_fastest, faster) == (61, 60, 49)
     assert slower.keys() == {(5120, 17408, 80), (5120, 17408, 96), (3072, 4096, 128), (8192, 4096, 128)} and max(slower.values()) < 1.1
 
-    # The untuned run: cells whose config the rule changed, but for 6144x4096 M = 104 and 128, which
-    # ran the whole 64-row blocks (they came first until the last race above, run after run i).
+    # The untuned run: cells up to 128 rows whose config the rule changed, but for 6144x4096 M = 104
+    # and 128, which ran the whole 64-row blocks (they came first until the last race above, run
+    # after run i). The rule reached 144 rows after run i (the next test).
     untuned_after = untuned_run("h200_untuned_2026-12-02i.json")
     after = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
     monkeypatch.setattr(wg, "small_m_one_wave_config", lambda *args, **kwargs: None)
@@ -809,10 +816,41 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     finally:
         sk.heuristic_config.cache_clear()
     untuned_before = untuned_run("h200_untuned_2026-12-01w.json")
-    changed = [key for key in untuned_after if after[key] != before[key] and wg.one_wave_config(key[2], *key[:2]) is None]
+    changed = [key for key in untuned_after if key[2] <= 128 and after[key] != before[key] and wg.one_wave_config(key[2], *key[:2]) is None]
     slower_untuned = [key for key in changed if untuned_after[key] >= untuned_before[key]]
     assert len(changed) == 46, len(changed)
     assert not slower_untuned, slower_untuned
+
+
+def test_heuristic_small_m_one_wave_to_144_rows_against_the_committed_h200_race():
+    """Past 128 rows, the H200 race committed under results/ (3 rounds, every config checked against
+    the FP32 reference): 'fit', the four untuned shapes at M = 144, 192 and 256 (the dispatch's
+    config before, and one x block split or as stream-K, 128- and 64-deep); 'reach', the same shapes
+    at M = 152-176; 'check', eight other shapes at M = 136-160. Every config passed. In the 20 cells
+    at M = 136-144 the rule's config (as the dispatch runs it) was timed and was faster than the one
+    before in 17, slower on 8192x4096 M = 144 (1.02x) and 3072x4096 (1.07x and 1.12x, as at M = 128);
+    from 152 rows the dispatch keeps its config before, which was the fastest raced at M = 192 and
+    256."""
+    cells = {}
+    for row in committed_race_rows("h200_ab_2026-12-02j_one_wave_m129-256.json"):
+        cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
+    assert len(cells) == 12 + 12 + 32
+    faster, slower = 0, {}
+    for (race, n, k, m), times in cells.items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        timed = {c: us for c, us in times.values()}
+        was, was_us = times["dispatch"]
+        if m > wg.SMALL_M_ONE_WAVE_MAX_M:
+            assert config == was, (n, k, m)
+            if m >= 192:
+                assert was_us == min(timed.values()), (n, k, m)
+            continue
+        assert config != was and config in timed, (n, k, m)
+        ratio = timed[config] / was_us
+        faster += ratio < 1
+        if ratio >= 1:
+            slower[(n, k, m)] = ratio
+    assert faster == 17 and slower.keys() == {(8192, 4096, 144), (3072, 4096, 136), (3072, 4096, 144)} and max(slower.values()) < 1.13
 
 
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
@@ -927,7 +965,7 @@ def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave):
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 0.93
 
 
-def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave):
+def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave, without_small_m_one_wave):
     """The two-warpgroup rule was read off the tuner's timings at M = 144-1024 (committed under
     results/): the heuristic's choice, less the producer warpgroup and the two-warpgroup stream-K
     those timings predate (the next tests), was timed in every cell, and on geometric mean it stays
