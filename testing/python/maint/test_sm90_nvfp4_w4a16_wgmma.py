@@ -830,7 +830,8 @@ def test_heuristic_small_m_one_wave_to_144_rows_against_the_committed_h200_race(
     at M = 136-144 the rule's config (as the dispatch runs it) was timed and was faster than the one
     before in 17, slower on 8192x4096 M = 144 (1.02x) and 3072x4096 (1.07x and 1.12x, as at M = 128);
     from 152 rows the dispatch keeps its config before, which was the fastest raced at M = 192 and
-    256."""
+    256. Untuned run j (after the rule reached 144 rows; all 32 M, verified) ran the four cells it
+    changes, M = 144, in under 0.95x their time in run i."""
     cells = {}
     for row in committed_race_rows("h200_ab_2026-12-02j_one_wave_m129-256.json"):
         cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
@@ -851,6 +852,9 @@ def test_heuristic_small_m_one_wave_to_144_rows_against_the_committed_h200_race(
         if ratio >= 1:
             slower[(n, k, m)] = ratio
     assert faster == 17 and slower.keys() == {(8192, 4096, 144), (3072, 4096, 136), (3072, 4096, 144)} and max(slower.values()) < 1.13
+    before, after = untuned_run("h200_untuned_2026-12-02i.json"), untuned_run("h200_untuned_2026-12-02j.json")
+    changed = [key for key in after if 128 < key[2] <= wg.SMALL_M_ONE_WAVE_MAX_M and wg.small_m_one_wave_config(key[2], *key[:2]) is not None]
+    assert len(changed) == 4 and all(after[key] < 0.95 * before[key] for key in changed)
 
 
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
