@@ -710,14 +710,14 @@ SMALL_M_ONE_WAVE_SPLITS = {
 
 
 def test_heuristic_small_m_one_wave():
-    """At M = 17-144, where the weight tiles number no more than the SMs and K is whole 128-deep
+    """At M = 17-176, where the weight tiles number no more than the SMs and K is whole 128-deep
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
     the split of SMALL_M_ONE_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
     SMALL_M the dispatch runs it as it is; from there as it is where its CTAs keep all but a sixth of
     the SMs busy, else as two-warpgroup stream-K of the same tiles (over the same 8-row-step block),
-    and ahead of whole 64-row blocks that fill a wave and (past 128 rows) of two warpgroups' tight
-    blocks. Not below M = 17, not past 144 rows, not with more tiles than SMs (34816x5120: 272) or K
-    in 64-deep tiles only (4160)."""
+    ahead of whole x blocks that fill a wave up to 144 rows (behind them from 145), and past 128 rows
+    ahead of two warpgroups' tight blocks. Not below M = 17, not past 176 rows, not with more tiles
+    than SMs (34816x5120: 272) or K in 64-deep tiles only (4160)."""
     for (n, k), split in SMALL_M_ONE_WAVE_SPLITS.items():
         for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M_ONE_WAVE_MAX_M + 1):
             block_x = 8 * -(-m // 8)
@@ -726,7 +726,8 @@ def test_heuristic_small_m_one_wave():
             assert wg.small_m_one_wave_config(m, n, k) == wg.get_wgmma_config(m, n, k) == expected, (m, n, k)
             wg.check_wgmma_config(expected, n, k)
             dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-            if m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132:
+            whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None
+            if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not whole_blocks_first:
                 assert dispatched == expected, (m, n, k)
         assert wg.small_m_one_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
         assert wg.small_m_one_wave_config(wg.SMALL_M_ONE_WAVE_MAX_M + 1, n, k) is None
@@ -745,10 +746,13 @@ def test_heuristic_small_m_one_wave():
     assert sk.heuristic_config(128, 3072, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
     assert wg.small_m_one_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
     # Past 128 rows, ahead of two warpgroups' tight blocks (48 rows x 3 on 4096x4096, stream-K over
-    # 144 rows 64 deep on 11008x4096); from 145 rows those again.
+    # 144 rows 64 deep on 11008x4096); from 184 rows (three stages) those again.
     assert sk.heuristic_config(144, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
     assert sk.heuristic_config(144, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
-    assert sk.heuristic_config(145, 4096, 11008, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(160, 64, 4, 1, True, 2, True)
+    assert sk.heuristic_config(176, 4096, 11008, arch="sm_90", sm_count=132) == wg.WgmmaConfig(176, 128, 4, 4, True, 2, True)
+    assert sk.heuristic_config(184, 4096, 11008, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)
+    # From 145 rows whole x blocks that fill one wave come first (6144x4096: two 80-row blocks)
+    assert sk.heuristic_config(152, 6144, 4096, arch="sm_90", sm_count=132) == wg.one_wave_config(152, 6144, 4096)
 
 
 def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
@@ -822,26 +826,27 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     assert not slower_untuned, slower_untuned
 
 
-def test_heuristic_small_m_one_wave_to_144_rows_against_the_committed_h200_race():
+def test_heuristic_small_m_one_wave_to_176_rows_against_the_committed_h200_race():
     """Past 128 rows, the H200 race committed under results/ (3 rounds, every config checked against
     the FP32 reference): 'fit', the four untuned shapes at M = 144, 192 and 256 (the dispatch's
     config before, and one x block split or as stream-K, 128- and 64-deep); 'reach', the same shapes
-    at M = 152-176; 'check', eight other shapes at M = 136-160. Every config passed. In the 20 cells
-    at M = 136-144 the rule's config (as the dispatch runs it) was timed and was faster than the one
-    before in 17, slower on 8192x4096 M = 144 (1.02x) and 3072x4096 (1.07x and 1.12x, as at M = 128);
-    from 152 rows the dispatch keeps its config before, which was the fastest raced at M = 192 and
-    256. Untuned run j (after the rule reached 144 rows; all 32 M, verified) ran the four cells it
-    changes, M = 144, in under 0.95x their time in run i."""
+    at M = 152-176; 'check', eight other shapes at M = 136-176. Every config passed. In the 52 cells
+    where the dispatch now runs the rule, its config was timed and was faster than the one before in
+    46, slower on 8192x4096 M = 144 (1.02x) and on 3072x4096 at M = 136, 144 and 160-176 (1.04-1.13x,
+    as at M = 128). The dispatch keeps its config before from 184 rows, which was the fastest raced at
+    M = 192 and 256, and past 144 rows where whole x blocks fill one wave (``one_wave_config``). Untuned
+    run j (all 32 M, verified) ran the four untuned cells the rule changes, M = 144, in under 0.95x
+    their time in run i."""
     cells = {}
     for row in committed_race_rows("h200_ab_2026-12-02j_one_wave_m129-256.json"):
         cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
-    assert len(cells) == 12 + 12 + 32
+    assert len(cells) == 12 + 15 + 42
     faster, slower = 0, {}
     for (race, n, k, m), times in cells.items():
         config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
         timed = {c: us for c, us in times.values()}
         was, was_us = times["dispatch"]
-        if m > wg.SMALL_M_ONE_WAVE_MAX_M:
+        if m > wg.SMALL_M_ONE_WAVE_MAX_M or (m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None):
             assert config == was, (n, k, m)
             if m >= 192:
                 assert was_us == min(timed.values()), (n, k, m)
@@ -851,7 +856,8 @@ def test_heuristic_small_m_one_wave_to_144_rows_against_the_committed_h200_race(
         faster += ratio < 1
         if ratio >= 1:
             slower[(n, k, m)] = ratio
-    assert faster == 17 and slower.keys() == {(8192, 4096, 144), (3072, 4096, 136), (3072, 4096, 144)} and max(slower.values()) < 1.13
+    assert faster == 46 and max(slower.values()) < 1.13
+    assert slower.keys() == {(8192, 4096, 144)} | {(3072, 4096, m) for m in (136, 144, 160, 168, 176)}
     before, after = untuned_run("h200_untuned_2026-12-02i.json"), untuned_run("h200_untuned_2026-12-02j.json")
     changed = [key for key in after if 128 < key[2] <= wg.SMALL_M_ONE_WAVE_MAX_M and wg.small_m_one_wave_config(key[2], *key[:2]) is not None]
     assert len(changed) == 4 and all(after[key] < 0.95 * before[key] for key in changed)
