@@ -810,7 +810,7 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
 
     # The untuned run: cells up to 128 rows whose config the rule changed, but for 6144x4096 M = 104
     # and 128, which ran the whole 64-row blocks (they came first until the last race above, run
-    # after run i). The rule reached 144 rows after run i (the next test).
+    # after run i). The rule reached past 128 rows after run i (the next test).
     untuned_after = untuned_run("h200_untuned_2026-12-02i.json")
     after = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
     monkeypatch.setattr(wg, "small_m_one_wave_config", lambda *args, **kwargs: None)
