@@ -637,12 +637,13 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # 8192x4096 M = 128 18.65 against 18.58, the one tie). Over the three races, with the dispatch as it
 # now is: within 4 % of the fastest config raced in 60 of the 61 cells that timed its config; of the
 # 53 cells whose config it changed, 49 faster, that tie, and the three losses above.
-# Past 128 rows it comes before two warpgroups' tight blocks, up to 176 rows: the widest x block
-# whose 128-deep tiles still hold ONE_WAVE_MIN_STAGES (five up to 144 rows, four from 152, three from
-# 184). Raced (H200, 2026-12-02j, results/h200_ab_2026-12-02j_one_wave_m129-256.json, 3 rounds, all
-# verified) on the four untuned shapes at M = 144, 192 and 256: at 144 it took 0.91-0.93x the
-# dispatch's time before (4096x11008 25.43 us against 27.99; 11008x4096 and 6144x4096 as stream-K),
-# at 192 and 256 (64-deep tiles) one x block lost every cell. Then on eleven shapes at M = 136-176:
+# Past 128 rows it comes before two warpgroups' tight blocks, up to 176 rows, the last M raced (its
+# 128-deep tiles hold five stages up to 144 rows and four from 152; 184-row blocks would still hold
+# four, which no race timed, and 192-row ones three). Raced (H200, 2026-12-02j,
+# results/h200_ab_2026-12-02j_one_wave_m129-256.json, 3 rounds, all verified) on the four untuned
+# shapes at M = 144, 192 and 256: at 144 it took 0.91-0.93x the dispatch's time before (4096x11008
+# 25.43 us against 27.99; 11008x4096 and 6144x4096 as stream-K), at 192 and 256 (64-deep tiles) one
+# x block lost every cell. Then on eleven shapes at M = 136-176:
 # 0.66-1.00x in 42 of the 48 cells where the dispatch now runs it (2560x8192 M = 152 19.53 against
 # 29.77; 8192x28672 M = 168 103.28 against 111.19), 3072x4096 1.04-1.13x in five of its six cells
 # (96 CTAs of 8 k tiles, as at M = 128) and 8192x4096 M = 144 1.02x. Past SPLIT_WAVE_FIRST_MAX_M

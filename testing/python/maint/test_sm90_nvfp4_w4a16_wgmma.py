@@ -2,6 +2,7 @@
 dequantized weights as the register operand: compiling for sm_90a, never being chosen or launched on
 another arch, and (on an sm_90 GPU) results against the FP32 reference (DESIGN.md section 8)."""
 
+import contextlib
 import pathlib
 import re
 import sys
@@ -22,36 +23,43 @@ ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H200)")
 
 
+@contextlib.contextmanager
+def dispatch_without(owner, rule: str):
+    """The dispatch with ``owner.rule`` giving no config, so that the rules under it decide (the
+    dispatch's cache is cleared on the way in and out)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(owner, rule, lambda *args, **kwargs: None)
+        sk.heuristic_config.cache_clear()
+        try:
+            yield
+        finally:
+            sk.heuristic_config.cache_clear()
+
+
 @pytest.fixture
-def without_one_wave(monkeypatch):
+def without_one_wave():
     """The dispatch without the one-wave rule (``wg.one_wave_config``), which comes first and was
     added after the rules that the tests using this check against their own committed timings."""
-    monkeypatch.setattr(wg, "one_wave_config", lambda *args, **kwargs: None)
-    sk.heuristic_config.cache_clear()
-    yield
-    sk.heuristic_config.cache_clear()
+    with dispatch_without(wg, "one_wave_config"):
+        yield
 
 
 @pytest.fixture
-def without_small_m_one_wave(monkeypatch):
+def without_small_m_one_wave():
     """The heuristic without the small-M one-wave rule (``wg.small_m_one_wave_config``), which comes
     before the x-block, stage and loader rules that the tests using this check, and was added after
     the committed runs some of them read."""
-    monkeypatch.setattr(wg, "small_m_one_wave_config", lambda *args, **kwargs: None)
-    sk.heuristic_config.cache_clear()
-    yield
-    sk.heuristic_config.cache_clear()
+    with dispatch_without(wg, "small_m_one_wave_config"):
+        yield
 
 
 @pytest.fixture
-def without_skinny(monkeypatch):
+def without_skinny():
     """The dispatch without the skinny kernel's rule for M <= 8 (``skinny.heuristic_config``), which
     comes first and was added after the wgmma rules that the tests using this check against their
     own committed timings; where it gives no config the dispatch runs those rules as before."""
-    monkeypatch.setattr(sk.skinny, "heuristic_config", lambda *args, **kwargs: None)
-    sk.heuristic_config.cache_clear()
-    yield
-    sk.heuristic_config.cache_clear()
+    with dispatch_without(sk.skinny, "heuristic_config"):
+        yield
 
 
 @pytest.mark.parametrize(
@@ -401,6 +409,14 @@ def committed_race_rows(*names: str) -> list:
     return rows
 
 
+def race_cells(*names: str) -> dict:
+    """``{(race, n, k, m): {name: (config, best us)}}`` of ``committed_race_rows``."""
+    cells = {}
+    for row in committed_race_rows(*names):
+        cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
+    return cells
+
+
 def test_whole_wave_rules_in_the_committed_untuned_runs(without_small_m_one_wave):
     """The untuned H200 benchmark runs before and after each whole-wave rule (all cells verified):
     every cell the two-wave rule takes (11008x4096 M = 304-512) and every cell the small-block one-wave
@@ -746,7 +762,7 @@ def test_heuristic_small_m_one_wave():
     assert sk.heuristic_config(128, 3072, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
     assert wg.small_m_one_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
     # Past 128 rows, ahead of two warpgroups' tight blocks (48 rows x 3 on 4096x4096, stream-K over
-    # 144 rows 64 deep on 11008x4096); from 184 rows (three stages) those again.
+    # 144 rows 64 deep on 11008x4096); from 177 rows, past the rule, those again.
     assert sk.heuristic_config(144, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
     assert sk.heuristic_config(144, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
     assert sk.heuristic_config(176, 4096, 11008, arch="sm_90", sm_count=132) == wg.WgmmaConfig(176, 128, 4, 4, True, 2, True)
@@ -772,7 +788,7 @@ def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
         assert times[chosen][1] <= 1.05 * min(us for _, us in times.values()), (n, k, m)
 
 
-def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(monkeypatch):
+def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs():
     """From SMALL_M to 128 rows, the H200 races committed under results/ (3 rounds, every config
     checked against the FP32 reference): 'fit', the four untuned shapes at M = 64-128, which set the
     rule; 'check', nine other shapes at M = 64-128, which came after; and 'whole_64_row_blocks', five
@@ -783,9 +799,7 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     (5120x17408, whose table takes stream-K) and 9 % in that one. Untuned run i, after the rule
     reached 128 rows (all 32 M, Marlin and cuBLAS in the same run), was faster than run w (before the
     rule) in all 46 cells whose config the rule changed, M = 17-128."""
-    cells = {}
-    for row in committed_race_rows("h200_ab_2026-12-02i_one_wave_m64-128.json", "h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json"):
-        cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
+    cells = race_cells("h200_ab_2026-12-02i_one_wave_m64-128.json", "h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json")
     assert len(cells) == 16 + 36 + 15
 
     def dispatched(m, n, k):
@@ -813,12 +827,8 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     # after run i). The rule reached past 128 rows after run i (the next test).
     untuned_after = untuned_run("h200_untuned_2026-12-02i.json")
     after = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
-    monkeypatch.setattr(wg, "small_m_one_wave_config", lambda *args, **kwargs: None)
-    sk.heuristic_config.cache_clear()
-    try:
+    with dispatch_without(wg, "small_m_one_wave_config"):
         before = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
-    finally:
-        sk.heuristic_config.cache_clear()
     untuned_before = untuned_run("h200_untuned_2026-12-01w.json")
     changed = [key for key in untuned_after if key[2] <= 128 and after[key] != before[key] and wg.one_wave_config(key[2], *key[:2]) is None]
     slower_untuned = [key for key in changed if untuned_after[key] >= untuned_before[key]]
@@ -833,13 +843,11 @@ def test_heuristic_small_m_one_wave_to_176_rows_against_the_committed_h200_race(
     at M = 152-176; 'check', eight other shapes at M = 136-176. Every config passed. In the 52 cells
     where the dispatch now runs the rule, its config was timed and was faster than the one before in
     46, slower on 8192x4096 M = 144 (1.02x) and on 3072x4096 at M = 136, 144 and 160-176 (1.04-1.13x,
-    as at M = 128). The dispatch keeps its config before from 184 rows, which was the fastest raced at
+    as at M = 128). The dispatch keeps its config before past 176 rows, which was the fastest raced at
     M = 192 and 256, and past 144 rows where whole x blocks fill one wave (``one_wave_config``). Untuned
     run j (all 32 M, verified) ran the four untuned cells the rule changes, M = 144, in under 0.95x
     their time in run i."""
-    cells = {}
-    for row in committed_race_rows("h200_ab_2026-12-02j_one_wave_m129-256.json"):
-        cells.setdefault((row["race"], row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
+    cells = race_cells("h200_ab_2026-12-02j_one_wave_m129-256.json")
     assert len(cells) == 12 + 15 + 42
     faster, slower = 0, {}
     for (race, n, k, m), times in cells.items():
