@@ -705,7 +705,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     divides into one (``skinny.heuristic_config``; fitted to the tuner's timings of the tuned
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
     else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
-    hopper.SPLIT_WAVE_FIRST_MAX_M rows, of split tiles first: ``hopper.small_m_one_wave_config``), two whole waves where that beats
+    hopper.SPLIT_WAVE_FIRST_MAX_M rows, and past them where those blocks are under
+    hopper.ONE_WAVE_FIRST_MIN_BLOCK_X rows, of split tiles first: ``hopper.split_wave_config``), two whole waves where that beats
     stream-K or one warpgroup (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
@@ -718,7 +719,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     if few_rows is not None:
         return few_rows
     one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
-    split_wave_first = m <= hopper.SPLIT_WAVE_FIRST_MAX_M and hopper.small_m_one_wave_config(m, n, k, sm_count=sm_count) is not None
+    narrow_whole_blocks = one_wave is None or one_wave.block_x < hopper.ONE_WAVE_FIRST_MIN_BLOCK_X
+    split_wave_first = (m <= hopper.SPLIT_WAVE_FIRST_MAX_M or narrow_whole_blocks) and hopper.split_wave_config(m, n, k, sm_count=sm_count) is not None
     if one_wave is not None and not split_wave_first:
         return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out
     config = _wgmma_heuristic_config(m, n, k, sm_count)
@@ -745,7 +747,7 @@ def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
         min_imbalance = SMALL_M_STREAMK_MIN_IMBALANCE
     else:
         # M <= 16: the split rules even the CTAs out (hopper.UNEVEN_SPLIT_MAX_BLOCK_X); below SMALL_M two
-        # warpgroups are one wave, a CTA per SM at most (hopper.small_m_one_wave_config).
+        # warpgroups are one wave, a CTA per SM at most (hopper.split_wave_config).
         return config
     if example.sm_imbalance(ctas, sm_count) < min_imbalance or iterations < MIN_STREAMK_ITERATIONS_PER_CTA * per_sm * sm_count:
         return config

@@ -397,8 +397,8 @@ def tight_wgmma_config(
 def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The sm_90 heuristic for shapes without a tuned entry: None below ``heuristic_min_m`` rows, or
     when K is shorter than ``DEFAULT_STAGES`` k tiles (the other kernels take those). Up to
-    ``SMALL_M_ONE_WAVE_MAX_M`` rows, one wave of split tiles where it applies
-    (``small_m_one_wave_config``). TMA configs whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
+    ``SPLIT_WAVE_MAX_M`` rows, one wave of split tiles where it applies
+    (``split_wave_config``). TMA configs whose CTAs each get an SM take ``LONE_CTA_TMA_STAGES``.
 
     The tight x blocks (``tight_wgmma_config``): M = 72 runs as one 80-row block, not two 64-row
     ones (H200, 2026-11-30: 11008x4096 27.8 us against 37.2). Where even split they give fewer than
@@ -410,7 +410,7 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if m < heuristic_min_m(n, sm_count) or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
-    one_wave = small_m_one_wave_config(m, n, k, sm_count=sm_count)
+    one_wave = split_wave_config(m, n, k, sm_count=sm_count)
     if one_wave is not None:
         return one_wave
     if takes_two_warpgroups(m, n, k, sm_count):
@@ -537,9 +537,19 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 # that lost did so against two warpgroups' stream-K. In
 # the untuned benchmark (results/h200_untuned_2026-11-30x.json, then _y) it took 4096x4096 M = 72-144
 # from 17.7-19.9 us to 15.0-17.0.
-ONE_WAVE_MIN_BLOCK_X = 64
-ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X = 32
+# The blocks come in 8-row steps (WHOLE_WAVES_ROW_STEP) since 2026-12-02k; the limits above were read
+# off 16-row steps. Each limit is now the 8-row block that the same M and tiles give where the
+# 16-row block met the old one (64 -> 56, 32 -> 24, TMA_BLOCK_X -> ONE_WAVE_DEEP_K_MIN_BLOCK_X, and
+# TWO_WAVES_MIN_BLOCK_X 112 -> 104), so the rules take the same cells with up to 8 fewer padding
+# rows per block. In the race of the split-wave rule below (2026-12-02k), 0.95-0.99x the time in
+# most cells where only that changed (6144x4096 M = 272 23.93 us against 25.12; 8192x28672 M = 608
+# 341.35 against 355.69), 0.78-0.79x where 184-row blocks now hold four stages (8192x28672 M = 720
+# 402.53 against 514.71, 3072x4096 M = 904), and none slower.
+ONE_WAVE_MIN_BLOCK_X = 56
+ONE_WAVE_FIRST_MIN_BLOCK_X = 64  # past 144 rows the split-wave rule comes first below this (see there)
+ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X = 24
 ONE_WAVE_MAX_K = 6144
+ONE_WAVE_DEEP_K_MIN_BLOCK_X = 120
 ONE_WAVE_MIN_STAGES = 4
 
 
@@ -557,16 +567,17 @@ ONE_WAVE_MIN_STAGES = 4
 # 41.4), and wherever the dispatch already runs one even wave of up to 256 rows (8192x8192 M = 448,
 # 82.2 against 72.9; 8192x4096 M = 512, 4096x11008 and 4096x4096 M = 1024, 5-8 % slower).
 TWO_WAVES_MIN_FILL = 0.95
-TWO_WAVES_MIN_BLOCK_X = 112
+TWO_WAVES_MIN_BLOCK_X = 104
+WHOLE_WAVES_ROW_STEP = X_BLOCK_STEP
 
 
 def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Optional[int]:
-    """The x block (a multiple of 16) that cuts M into as many blocks as the weight tiles leave room
+    """The x block (a multiple of WHOLE_WAVES_ROW_STEP) that cuts M into as many blocks as the weight tiles leave room
     for in ``waves`` waves; None where that is one block or wider than two warpgroups take."""
     x_blocks = min(waves * sm_count // (n // CTA_ROWS), -(-m // 16))
     if x_blocks < 2:
         return None
-    block_x = 16 * -(-m // (16 * x_blocks))
+    block_x = WHOLE_WAVES_ROW_STEP * -(-m // (WHOLE_WAVES_ROW_STEP * x_blocks))
     return block_x if block_x <= MAX_BLOCK_X else None
 
 
@@ -574,7 +585,7 @@ def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: 
     """Tiles of ``block_x`` rows split ``split`` ways along K (whole by default), two consumer
     warpgroups and a producer, ``block_k`` deep, the deepest pipeline that fits (at most a split's k
     tiles); None under ``min_stages`` stages. The heuristic's one- and two-wave configs and its
-    small-M one (``small_m_one_wave_config``), and the tuner's whole-wave candidates."""
+    small-M one (``split_wave_config``), and the tuner's whole-wave candidates."""
     stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=block_k), k // block_k // split)
     return WgmmaConfig(block_x, block_k, stages, split, True, 2, True) if stages >= min_stages else None
 
@@ -585,7 +596,7 @@ def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_war
     ``ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X``), else None."""
     block_x = whole_waves_block_x(m, n, sm_count) if k % DEEP_K == 0 else None
     min_block_x = ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X if over_one_warpgroup and m > SMALL_M else ONE_WAVE_MIN_BLOCK_X
-    if block_x is None or block_x < min_block_x or (k > ONE_WAVE_MAX_K and block_x < TMA_BLOCK_X):
+    if block_x is None or block_x < min_block_x or (k > ONE_WAVE_MAX_K and block_x < ONE_WAVE_DEEP_K_MIN_BLOCK_X):
         return None
     return whole_tiles_config(block_x, k)
 
@@ -599,7 +610,7 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     return whole_tiles_config(block_x, k)
 
 
-# Up to SMALL_M_ONE_WAVE_MAX_M rows, one wave of split tiles. Where the weight tiles number no more
+# Up to SPLIT_WAVE_MAX_M rows, one wave of split tiles (the split-wave rule). Where the weight tiles number no more
 # than the SMs, the tuned table's winners (H200, 2026-12-02) at M = 17-64 on 16384x5120, 14336x5120
 # and 5120x6144 and at M = 17-32 on 5120x17408 are one shape of config: two consumer warpgroups and
 # a producer, 128-deep k tiles by TMA, the deepest pipeline, the x block in 8-row steps, split along
@@ -614,9 +625,9 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # against 13.40; 6144x4096 M = 48 10.61 against 13.89). The next lower split lost in all 14 cells
 # that had one (1.09-1.48x); the same tiles as two-warpgroup stream-K took 0.96-1.01x on 11008x4096
 # (86 tiles) and 0.99-1.22x elsewhere, one-warpgroup stream-K 1.01x and more everywhere. A split
-# keeps at least SMALL_M_ONE_WAVE_MIN_SPLIT_K of K (as many k as the old rule's
+# keeps at least SPLIT_WAVE_MIN_SPLIT_K of K (as many k as the old rule's
 # MIN_K_TILES_PER_SPLIT 64-deep tiles).
-# From SMALL_M to SMALL_M_ONE_WAVE_MAX_M the table holds the same shape of config (16384x5120 and
+# From SMALL_M to 128 rows the table holds the same shape of config (16384x5120 and
 # 14336x5120 unsplit at M = 65-128, 5120x6144 split 3 at 73-128), where the heuristic gave one
 # warpgroup by cp.async (N >= 14336), four 32-row blocks (4096x4096) or 64-row blocks split 4
 # (4096x11008). Raced (H200, 2026-12-02i, results/h200_ab_2026-12-02i_one_wave_m64-128.json, 3
@@ -647,23 +658,49 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # 0.66-1.00x in 42 of the 48 cells where the dispatch now runs it (2560x8192 M = 152 19.53 against
 # 29.77; 8192x28672 M = 168 103.28 against 111.19), 3072x4096 1.04-1.13x in five of its six cells
 # (96 CTAs of 8 k tiles, as at M = 128) and 8192x4096 M = 144 1.02x. Past SPLIT_WAVE_FIRST_MAX_M
-# rows it comes after the one-wave rule of whole x blocks (``one_wave_config``; the stream-K
-# module's ``heuristic_config`` decides the order): at M = 152 and 160, four stages deep, it lost 3-9 %
-# on 7168x4096 and 8192x4096 to their whole 80-row blocks (and won 1-9 % on 6144x4096 and 5120x5120,
-# which that order gives up).
-SMALL_M_ONE_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
-SMALL_M_ONE_WAVE_MAX_M = 176
+# rows it comes after the one-wave rule of whole x blocks of ONE_WAVE_FIRST_MIN_BLOCK_X rows or more
+# (``one_wave_config``; the stream-K module's ``heuristic_config`` decides the order): at M = 152 and
+# 160, four stages deep, it lost 3-9 % on 7168x4096 and 8192x4096 to their whole 80-row blocks (and
+# won 1-9 % on 6144x4096). Ahead of whole blocks of 56 rows it won 5120x5120 and 4608x4096 at M =
+# 152-168 (5120x5120 M = 152 20.01 us against 21.88 for 64-row blocks; the race below).
+# From 177 to SPLIT_WAVE_MAX_M rows: two x blocks of at most SPLIT_WAVE_MAX_BLOCK_X rows (its 128-deep
+# tiles hold four stages; five up to 144 rows), split to fill one wave as above. Raced (H200,
+# 2026-12-02k, results/h200_ab_2026-12-02k_split_wave_two_blocks.json, 3 rounds, every config checked
+# against the reference; the dispatch as committed before against this one) on the four untuned
+# shapes and eight others at M = 152-1024 (with the whole-wave rules' 8-row steps, above), then held
+# out on twelve more: in the 76 cells of the first set where the dispatch changed, all faster,
+# 0.57-1.00x (2560x8192 M = 352 27.66 us against 48.74; 4096x11008 M = 272 36.84 against 41.75;
+# 4096x4096 M = 192 15.79 against 18.63); in the 54 held-out ones, 51 faster (0.58-0.99x: 2048x8192
+# M = 208 17.42 against 29.85), and 1024x8192 M = 256 and 336 (1.03-1.04x) and 6144x6144 M = 360
+# (1.006x) slower. The limits leave out every cell where two blocks lost:
+# - a split's K over SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K, where stream-K over one x block of all M
+#   rows dequantizes the weights once and spreads its fix-up over many k tiles: 8192x28672 M = 192
+#   and 208 (28672 k per CTA) 126.40 and 132.07 us against 117.53 and 125.64, 5120x13824 (13824)
+#   1.04-1.06x, 3584x18944 (9472) 1.02-1.04x; 4096x14336 (7168) and 8192x8192 (8192) won 0.92-0.96x;
+# - CTAs for fewer than SPLIT_WAVE_TWO_BLOCKS_MIN_FILL of the SMs: 1024x4096 (16 tiles, split 4 at
+#   1024 k per split: 64 CTAs) at M = 272-352, 13.49-16.44 us against 12.47-13.04 for stream-K over
+#   64-row blocks. (At 192-256 it won there, 11.53-13.13 against 26.4 for one warpgroup's 24-32 CTAs,
+#   which this limit gives back: NOTES, next steps.)
+SPLIT_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
+SPLIT_WAVE_MAX_M = 352
 SPLIT_WAVE_FIRST_MAX_M = 144
+SPLIT_WAVE_MAX_BLOCK_X = 176
+SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K = 8192
+SPLIT_WAVE_TWO_BLOCKS_MIN_FILL = 0.5
 
 
-def small_m_one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The small-M one-wave config above for ``HEURISTIC_MIN_M <= m <= SMALL_M_ONE_WAVE_MAX_M``, else
-    None (more weight tiles than SMs, K not in whole 128-deep tiles, or too few stages)."""
-    tiles = n // CTA_ROWS
-    if not HEURISTIC_MIN_M <= m <= SMALL_M_ONE_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
+def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The split-wave config above for ``HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M``, else None (more
+    weight tiles than SMs, K not in whole 128-deep tiles, too few stages, or two x blocks outside
+    their limits)."""
+    x_blocks = -(-m // SPLIT_WAVE_MAX_BLOCK_X)
+    tiles = n // CTA_ROWS * x_blocks
+    if not HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
         return None
-    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SMALL_M_ONE_WAVE_MIN_SPLIT_K))
-    return whole_tiles_config(X_BLOCK_STEP * -(-m // X_BLOCK_STEP), k, split=split)
+    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SPLIT_WAVE_MIN_SPLIT_K))
+    if x_blocks > 1 and (k // split > SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K or tiles * split < SPLIT_WAVE_TWO_BLOCKS_MIN_FILL * sm_count):
+        return None
+    return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

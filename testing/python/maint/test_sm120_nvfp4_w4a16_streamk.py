@@ -206,14 +206,16 @@ GRAPH_CONFIGS = {
     64: sk.StreamKConfig(64, 128, 128, 1, 4, 3, 1),
     300: sk.StreamKConfig(64, 256, 64, 1, 4, 4, 1),
 }
-# From (40, 4096, 4096): the sm_90 heuristic's small-M one-wave rule (hopper.small_m_one_wave_config)
+# From (40, 4096, 4096): the sm_90 heuristic's split-wave rule (hopper.split_wave_config)
 # at splits 4, 2 and 1, on one weight tile with as few k tiles as stages, on 86 tiles, at 72 rows
 # split 4, at 96 rows as stream-K (96 CTAs leave over a sixth of the SMs idle), and past 128 rows:
-# 144 split 4 (86 k tiles: an uneven split), 136 as stream-K and 168 split 6 (four stages).
+# 144 split 4 (86 k tiles: an uneven split), 136 as stream-K and 168 split 6 (four stages); from 177
+# rows two x blocks: 201 split 2 (a ragged second block), 200 as stream-K; and whole blocks in 8-row
+# steps, 720 rows as four of 184 (four stages).
 DISPATCH_CASES = [
     (1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408),
     (40, 4096, 4096), (20, 640, 2304), (17, 128, 512), (33, 11008, 4096), (72, 4096, 11008), (96, 6144, 4096),
-    (144, 4096, 11008), (136, 6144, 4096), (168, 2560, 8192),
+    (144, 4096, 11008), (136, 6144, 4096), (168, 2560, 8192), (201, 4096, 11008), (200, 3072, 4096), (720, 4096, 4096),
 ]  # fmt: skip
 
 

@@ -45,12 +45,27 @@ def without_one_wave():
 
 
 @pytest.fixture
-def without_small_m_one_wave():
-    """The heuristic without the small-M one-wave rule (``wg.small_m_one_wave_config``), which comes
+def without_split_wave():
+    """The heuristic without the split-wave rule (``wg.split_wave_config``), which comes
     before the x-block, stage and loader rules that the tests using this check, and was added after
     the committed runs some of them read."""
-    with dispatch_without(wg, "small_m_one_wave_config"):
+    with dispatch_without(wg, "split_wave_config"):
         yield
+
+
+@pytest.fixture
+def whole_waves_in_16_row_steps():
+    """The whole-wave rules with their x blocks in 16-row steps, as they were when the committed
+    timings that the tests using this read were taken (``wg.WHOLE_WAVES_ROW_STEP``; their minimum
+    blocks, multiples of 8, pick the same cells either way), and the split-wave rule to 176 rows."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wg, "WHOLE_WAVES_ROW_STEP", 16)
+        patch.setattr(wg, "SPLIT_WAVE_MAX_M", 176)
+        sk.heuristic_config.cache_clear()
+        try:
+            yield
+        finally:
+            sk.heuristic_config.cache_clear()
 
 
 @pytest.fixture
@@ -290,8 +305,8 @@ def test_tuner_offers_one_wave_of_whole_tiles_on_few_weight_tiles(m, block_x):
     deep = wg.WgmmaConfig(block_x, 128, wg.deepest_stages(block_x, ctas_per_sm=1, block_k=128), 1, True, 2, True)
     assert (deep in offered) == (deep.stages >= tune.WGMMA_DEEP_K_MIN_STAGES)
     assert wg.whole_waves_block_x(m, 16384, 132) is None and wg.whole_waves_block_x(m, 34816, 132) is None
-    assert wg.whole_waves_block_x(1024, 5120, 132) == wg.MAX_BLOCK_X  # three blocks of the widest x block
-    assert wg.WgmmaConfig(wg.MAX_BLOCK_X, 64, 4, 1, True, 2, True) in set(tune.candidates(1024, 5120, 6144, "sm_90"))
+    assert wg.whole_waves_block_x(1024, 5120, 132) == 344  # three blocks, in 8-row steps
+    assert wg.WgmmaConfig(344, 64, 4, 1, True, 2, True) in set(tune.candidates(1024, 5120, 6144, "sm_90"))
     assert wg.whole_waves_block_x(1024, 5120, 100) is None  # two blocks would be 512 rows wide
     # Two waves from 64-row blocks: six of 176 rows at M = 1024 (240 tiles), none of 16 at M = 32
     assert wg.WgmmaConfig(176, 128, 4, 1, True, 2, True) in set(tune.candidates(1024, 5120, 6144, "sm_90"))
@@ -338,7 +353,7 @@ def test_heuristic_one_wave_of_whole_tiles_and_its_limits():
             wg.check_wgmma_config(c, 3072, 4096)
 
 
-def test_one_wave_rule_against_the_committed_h200_timings():
+def test_one_wave_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps):
     """The one-wave rule was read off the H200 probes committed under results/ (each config raced
     and verified beside the dispatch's without the rule): every cell it takes there ran faster with
     it, and in the untuned benchmark runs before and after it every cell it takes got faster."""
@@ -356,7 +371,7 @@ def test_one_wave_rule_against_the_committed_h200_timings():
     assert len(ratios) == 22 and max(ratios) < 0.99
 
 
-def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup():
+def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup(whole_waves_in_16_row_steps):
     """Where the dispatch would run stream-K or one warpgroup, M cut into as many x blocks as two
     waves hold, where their tiles fill 95 % of both waves with blocks of 112-176 rows
     (``wg.TWO_WAVES_MIN_FILL``); never over an even wave of two warpgroups."""
@@ -377,7 +392,7 @@ def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup():
                 wg.check_wgmma_config(c, n, k)
 
 
-def test_two_waves_rule_against_the_committed_h200_timings():
+def test_two_waves_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps):
     """The two-wave rule was read off the H200 probe committed under results/ (each config raced and
     verified beside the dispatch's): in each of the six cells the dispatch takes it, the two-wave
     config was the fastest."""
@@ -417,7 +432,7 @@ def race_cells(*names: str) -> dict:
     return cells
 
 
-def test_whole_wave_rules_in_the_committed_untuned_runs(without_small_m_one_wave):
+def test_whole_wave_rules_in_the_committed_untuned_runs(without_split_wave):
     """The untuned H200 benchmark runs before and after each whole-wave rule (all cells verified):
     every cell the two-wave rule takes (11008x4096 M = 304-512) and every cell the small-block one-wave
     rule takes over one warpgroup (4096x4096 M = 72-144) ran faster with it."""
@@ -592,12 +607,12 @@ def test_each_warp_stores_the_rows_it_dequantizes(block_x, warpgroups):
     assert stored == {(w, x) for w in range(wg.CTA_ROWS) for x in range(block_x)}
 
 
-def test_heuristic_x_block_is_the_tightest_cover(without_small_m_one_wave):
+def test_heuristic_x_block_is_the_tightest_cover(without_split_wave):
     """The weights are dequantized once per x block: the fewest blocks of <= 128 rows with one
     warpgroup, <= 256 with two, each as small as that allows (M = 72 is one 80-row block, M = 144
     one of 144 rows on two warpgroups, M = 384 two of 192 rows on two where their tiles spread
-    evenly over the SMs, else three of 128 rows on one). Up to 128 rows the small-M one-wave rule
-    comes first and takes 16384x5120's 128 tiles (``test_heuristic_small_m_one_wave``)."""
+    evenly over the SMs, else three of 128 rows on one). Up to 128 rows the split-wave rule
+    comes first and takes 16384x5120's 128 tiles (``test_heuristic_split_wave``)."""
     for m in range(wg.SMALL_M, nv.MAX_M_PER_LAUNCH + 1):
         c = wg.get_wgmma_config(m, 16384, 5120)
         most = wg.HEURISTIC_MAX_BLOCK_X if c.warpgroups == 2 else wg.ONE_WARPGROUP_MAX_BLOCK_X
@@ -614,12 +629,15 @@ def test_heuristic_two_warpgroups():
     the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``), each with the
     producer warpgroup (``TWO_WARPGROUP_PRODUCER``). The two shapes
     here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception.
-    Up to 128 rows both take the small-M one-wave rule's two warpgroups (``test_heuristic_small_m_one_wave``)."""
+    Where the split-wave rule applies (up to 176 rows on both, to 352 on 5120x6144) both take its two
+    warpgroups (``test_heuristic_split_wave``)."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1):
         for n, k in ((16384, 5120), (5120, 6144)):
             c = wg.get_wgmma_config(m, n, k)
-            if m <= wg.SMALL_M_ONE_WAVE_MAX_M:
-                assert c == wg.small_m_one_wave_config(m, n, k) and c.warpgroups == 2, (m, n, k, c)
+            split_wave = wg.split_wave_config(m, n, k)
+            assert (split_wave is not None) == (m <= (wg.SPLIT_WAVE_MAX_BLOCK_X if n == 16384 else wg.SPLIT_WAVE_MAX_M)), (m, n, k)
+            if split_wave is not None:
+                assert c == split_wave and c.warpgroups == 2, (m, n, k, c)
                 continue
             one = wg.tight_wgmma_config(m, n, k)
             even = not wg.two_warpgroup_tiles_load_sms_unevenly(m, n, k, 132)
@@ -642,7 +660,7 @@ def test_heuristic_two_warpgroups():
     assert wg.get_wgmma_config(512, 5120, 6144).warpgroups == 1
 
 
-def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_small_m_one_wave):
+def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_split_wave):
     """From M = 64 the dispatch's wgmma stream-K runs two consumer warpgroups with a producer
     (sk.STREAMK_TWO_WARPGROUPS_MIN_M). The two committed H200 runs of the untuned shapes, before (one
     warpgroup) and after, both verified, time each of the 21 cells where that changes the dispatch
@@ -660,7 +678,7 @@ def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave
     # warpgroups' split-K (``test_two_warpgroups_on_even_tiles_against_the_committed_h200_timings``)
 
 
-def test_heuristic_two_warpgroup_exceptions(without_small_m_one_wave):
+def test_heuristic_two_warpgroup_exceptions(without_split_wave):
     """One warpgroup where two would have under 20 k tiles per SM (4096x4096 M <= 256: 32 tiles of 64
     k tiles), or where two need stream-K while one warpgroup's unsplit tiles fill one wave of two CTAs
     per SM (11008x4096 M = 272 and 304: 258 tiles); both lost on the H200 (``takes_two_warpgroups``)."""
@@ -677,18 +695,18 @@ def test_heuristic_two_warpgroup_exceptions(without_small_m_one_wave):
 
 def test_heuristic_loads_by_tma_from_tma_block_x():
     """TMA won with 128-row x blocks and lost with smaller ones (H200): the loader follows the block,
-    except under the small-M one-wave rule's producer warpgroup, which loads by TMA only."""
+    except under the split-wave rule's producer warpgroup, which loads by TMA only."""
     for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 7):
         for n, k in ((16384, 5120), (4096, 4096), (5120, 6144), (34816, 5120)):
             config = wg.get_wgmma_config(m, n, k)
-            one_wave = wg.small_m_one_wave_config(m, n, k) is not None
+            one_wave = wg.split_wave_config(m, n, k) is not None
             assert config.tma_loads == (one_wave or config.block_x >= wg.TMA_BLOCK_X), (m, n, k, config)
     assert wg.get_wgmma_config(1024, 16384, 5120).tma_loads and not wg.get_wgmma_config(72, 34816, 5120).tma_loads
 
 
-def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm(without_small_m_one_wave):
+def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm(without_split_wave):
     """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 344 (11008x4096
-    M = 512) share SMs and keep the default; cp.async configs keep it too. (The small-M one-wave rule
+    M = 512) share SMs and keep the default; cp.async configs keep it too. (The split-wave rule
     comes first up to 128 rows; this rule decides past them, e.g. 2048x4096 at M = 561-1024.)"""
     assert wg.get_wgmma_config(128, 16384, 5120) == wg.WgmmaConfig(128, 64, wg.LONE_CTA_TMA_STAGES, 1, True)
     assert wg.get_wgmma_config(512, 11008, 4096).stages == wg.DEFAULT_STAGES
@@ -699,9 +717,9 @@ def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm(without_small_m
             wg.check_wgmma_config(config, n, k)
 
 
-def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idle(without_small_m_one_wave):
+def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idle(without_split_wave):
     """4096x4096 has 32 weight tiles: one 128-row x block at M = 128 gives 64 CTAs even split twice;
-    two 64-row blocks give 128. Shapes with many tiles keep the tight block. (The small-M one-wave
+    two 64-row blocks give 128. Shapes with many tiles keep the tight block. (The split-wave
     rule, which comes first, takes 4096x4096 up to 128 rows; this is the rule under it.)"""
     assert wg.get_wgmma_config(128, 4096, 4096) == wg.WgmmaConfig(64, 64, wg.DEFAULT_STAGES, 2)
     assert wg.get_wgmma_config(128, 11008, 4096).block_x == 128
@@ -711,8 +729,8 @@ def test_heuristic_takes_64_row_blocks_where_the_tight_block_leaves_most_sms_idl
             assert 2 * (4096 // wg.CTA_ROWS) * -(-m // c.block_x) * c.split_k >= 132 or c.block_x == wg.NARROW_BLOCK_X
 
 
-# The small-M one-wave rule's split per shape: the most that keeps a CTA per SM (132) and 1024 k per split.
-SMALL_M_ONE_WAVE_SPLITS = {
+# The split-wave rule's split per shape: the most that keeps a CTA per SM (132) and 1024 k per split.
+SPLIT_WAVE_SPLITS = {
     (4096, 4096): 4,  # 32 tiles: 128 CTAs
     (4096, 11008): 4,
     (6144, 4096): 2,  # 48 tiles: 96 CTAs (144 would not fit)
@@ -725,29 +743,31 @@ SMALL_M_ONE_WAVE_SPLITS = {
 }
 
 
-def test_heuristic_small_m_one_wave():
+def test_heuristic_split_wave():
     """At M = 17-176, where the weight tiles number no more than the SMs and K is whole 128-deep
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
-    the split of SMALL_M_ONE_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
+    the split of SPLIT_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
     SMALL_M the dispatch runs it as it is; from there as it is where its CTAs keep all but a sixth of
     the SMs busy, else as two-warpgroup stream-K of the same tiles (over the same 8-row-step block),
-    ahead of whole x blocks that fill a wave up to 144 rows (behind them from 145), and past 128 rows
+    ahead of whole x blocks that fill a wave up to 144 rows (from 145 behind those of 64 rows or more:
+    ``ONE_WAVE_FIRST_MIN_BLOCK_X``), and past 128 rows
     ahead of two warpgroups' tight blocks. Not below M = 17, not past 176 rows, not with more tiles
     than SMs (34816x5120: 272) or K in 64-deep tiles only (4160)."""
-    for (n, k), split in SMALL_M_ONE_WAVE_SPLITS.items():
-        for m in range(wg.HEURISTIC_MIN_M, wg.SMALL_M_ONE_WAVE_MAX_M + 1):
+    for (n, k), split in SPLIT_WAVE_SPLITS.items():
+        for m in range(wg.HEURISTIC_MIN_M, wg.SPLIT_WAVE_MAX_BLOCK_X + 1):
             block_x = 8 * -(-m // 8)
             stages = min(wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K), k // wg.DEEP_K // split)
             expected = wg.WgmmaConfig(block_x, wg.DEEP_K, stages, split, True, 2, True)
-            assert wg.small_m_one_wave_config(m, n, k) == wg.get_wgmma_config(m, n, k) == expected, (m, n, k)
+            assert wg.split_wave_config(m, n, k) == wg.get_wgmma_config(m, n, k) == expected, (m, n, k)
             wg.check_wgmma_config(expected, n, k)
             dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-            whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None
+            one_wave = wg.one_wave_config(m, n, k)
+            whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X
             if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not whole_blocks_first:
                 assert dispatched == expected, (m, n, k)
-        assert wg.small_m_one_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
-        assert wg.small_m_one_wave_config(wg.SMALL_M_ONE_WAVE_MAX_M + 1, n, k) is None
-    assert all(wg.small_m_one_wave_config(m, n, k) is None for m in (17, 40, 63, 96) for n, k in ((34816, 5120), (4096, 4160)))
+        assert wg.split_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
+        assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
+    assert all(wg.split_wave_config(m, n, k) is None for m in (17, 40, 63, 96) for n, k in ((34816, 5120), (4096, 4160)))
     # From SMALL_M, 96 and 86 CTAs leave over a sixth of the SMs idle: stream-K over the same tiles.
     assert sk.heuristic_config(96, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(96, 128, 4, 1, True, 2, True)
     assert sk.heuristic_config(72, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(72, 128, 4, 1, True, 2, True)
@@ -756,22 +776,66 @@ def test_heuristic_small_m_one_wave():
     # Before whole 64-row blocks where M = 97-128 cuts into two of them that fill one wave
     assert wg.one_wave_config(128, 6144, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
     assert sk.heuristic_config(128, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
-    assert wg.one_wave_config(104, 8192, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
+    assert wg.one_wave_config(104, 8192, 4096) == wg.WgmmaConfig(56, 128, 9, 1, True, 2, True)
     assert sk.heuristic_config(104, 8192, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
     # 3072x4096 M = 128: 96 CTAs, but too few k tiles for stream-K (the rule's one loss in its race)
     assert sk.heuristic_config(128, 3072, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
-    assert wg.small_m_one_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
+    assert wg.split_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
     # Past 128 rows, ahead of two warpgroups' tight blocks (48 rows x 3 on 4096x4096, stream-K over
-    # 144 rows 64 deep on 11008x4096); from 177 rows, past the rule, those again.
+    # 144 rows 64 deep on 11008x4096); from 177 rows two x blocks (test_heuristic_split_wave_two_blocks).
     assert sk.heuristic_config(144, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
     assert sk.heuristic_config(144, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
     assert sk.heuristic_config(176, 4096, 11008, arch="sm_90", sm_count=132) == wg.WgmmaConfig(176, 128, 4, 4, True, 2, True)
-    assert sk.heuristic_config(184, 4096, 11008, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)
     # From 145 rows whole x blocks that fill one wave come first (6144x4096: two 80-row blocks)
     assert sk.heuristic_config(152, 6144, 4096, arch="sm_90", sm_count=132) == wg.one_wave_config(152, 6144, 4096)
 
 
-def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
+# Two x blocks of the split-wave rule (M = 177-352): the split per shape, or None where it does not
+# apply (more tiles than SMs; a split's K over SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K; fewer CTAs than half
+# the SMs).
+SPLIT_WAVE_TWO_BLOCK_SPLITS = {
+    (4096, 4096): 2,  # 64 tiles: 128 CTAs
+    (4096, 11008): 2,  # 5504 k per split
+    (2560, 8192): 3,  # 40 tiles: 120 CTAs
+    (5120, 6144): 1,  # 80 tiles
+    (8192, 8192): 1,  # 128 tiles, all of K (8192) per CTA
+    (11008, 4096): None,  # 172 tiles
+    (8192, 28672): None,  # 28672 k per CTA
+    (3584, 18944): None,  # 56 tiles split 2: 9472 k per CTA
+    (1024, 4096): None,  # 16 tiles split 4: 64 CTAs
+}
+
+
+def test_heuristic_split_wave_two_blocks():
+    """From 177 to 352 rows the split-wave rule cuts M into two x blocks of at most
+    SPLIT_WAVE_MAX_BLOCK_X rows (8-row steps), split as far as one wave holds, where each CTA keeps
+    at most SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K of K and the CTAs fill half the SMs. The dispatch asks it
+    after whole x blocks of 64 rows or more that fill one wave (``one_wave_config``), else first."""
+    for (n, k), split in SPLIT_WAVE_TWO_BLOCK_SPLITS.items():
+        for m in range(wg.SPLIT_WAVE_MAX_BLOCK_X + 1, wg.SPLIT_WAVE_MAX_M + 1):
+            c = wg.split_wave_config(m, n, k)
+            if split is None:
+                assert c is None, (m, n, k)
+                continue
+            block_x = 8 * -(-m // 16)
+            stages = min(wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K), k // wg.DEEP_K // split)
+            assert c == wg.WgmmaConfig(block_x, wg.DEEP_K, stages, split, True, 2, True), (m, n, k)
+            one_wave = wg.one_wave_config(m, n, k)
+            dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            if one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X:
+                assert dispatched == one_wave, (m, n, k)
+            elif 6 * 2 * (n // wg.CTA_ROWS) * split >= 5 * 132:
+                assert dispatched == c, (m, n, k)
+            else:  # a sixth of the SMs idle or more: stream-K over the same tiles
+                assert dispatched == sk.WgmmaStreamKConfig(block_x, wg.DEEP_K, 4, 1, True, 2, True), (m, n, k)
+        assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
+    # 4096x4096: four whole blocks of 56 rows at M = 208 come after it, of 64 at M = 232 before it
+    assert sk.heuristic_config(208, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
+    assert sk.heuristic_config(232, 4096, 4096, arch="sm_90", sm_count=132) == wg.one_wave_config(232, 4096, 4096)
+    assert wg.one_wave_config(232, 4096, 4096).block_x == 64
+
+
+def test_heuristic_split_wave_against_the_committed_h200_race():
     """The H200 race committed under results/ (untuned shapes, M = 17-56, 3 rounds, every config
     checked against the FP32 reference) holds, per cell, the dispatch's config before this rule, this
     rule's config, the next lower split and both stream-K forms of the same tiles: this rule's config
@@ -788,7 +852,7 @@ def test_heuristic_small_m_one_wave_against_the_committed_h200_race():
         assert times[chosen][1] <= 1.05 * min(us for _, us in times.values()), (n, k, m)
 
 
-def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs():
+def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs():
     """From SMALL_M to 128 rows, the H200 races committed under results/ (3 rounds, every config
     checked against the FP32 reference): 'fit', the four untuned shapes at M = 64-128, which set the
     rule; 'check', nine other shapes at M = 64-128, which came after; and 'whole_64_row_blocks', five
@@ -827,7 +891,7 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     # after run i). The rule reached past 128 rows after run i (the next test).
     untuned_after = untuned_run("h200_untuned_2026-12-02i.json")
     after = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
-    with dispatch_without(wg, "small_m_one_wave_config"):
+    with dispatch_without(wg, "split_wave_config"):
         before = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
     untuned_before = untuned_run("h200_untuned_2026-12-01w.json")
     changed = [key for key in untuned_after if key[2] <= 128 and after[key] != before[key] and wg.one_wave_config(key[2], *key[:2]) is None]
@@ -836,7 +900,7 @@ def test_heuristic_small_m_one_wave_to_128_rows_against_the_committed_h200_runs(
     assert not slower_untuned, slower_untuned
 
 
-def test_heuristic_small_m_one_wave_to_176_rows_against_the_committed_h200_race():
+def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_waves_in_16_row_steps):
     """Past 128 rows, the H200 race committed under results/ (3 rounds, every config checked against
     the FP32 reference): 'fit', the four untuned shapes at M = 144, 192 and 256 (the dispatch's
     config before, and one x block split or as stream-K, 128- and 64-deep); 'reach', the same shapes
@@ -854,7 +918,7 @@ def test_heuristic_small_m_one_wave_to_176_rows_against_the_committed_h200_race(
         config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
         timed = {c: us for c, us in times.values()}
         was, was_us = times["dispatch"]
-        if m > wg.SMALL_M_ONE_WAVE_MAX_M or (m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None):
+        if m > wg.SPLIT_WAVE_MAX_M or (m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None):
             assert config == was, (n, k, m)
             if m >= 192:
                 assert was_us == min(timed.values()), (n, k, m)
@@ -867,8 +931,35 @@ def test_heuristic_small_m_one_wave_to_176_rows_against_the_committed_h200_race(
     assert faster == 46 and max(slower.values()) < 1.13
     assert slower.keys() == {(8192, 4096, 144)} | {(3072, 4096, m) for m in (136, 144, 160, 168, 176)}
     before, after = untuned_run("h200_untuned_2026-12-02i.json"), untuned_run("h200_untuned_2026-12-02j.json")
-    changed = [key for key in after if 128 < key[2] <= wg.SMALL_M_ONE_WAVE_MAX_M and wg.small_m_one_wave_config(key[2], *key[:2]) is not None]
+    changed = [key for key in after if 128 < key[2] <= wg.SPLIT_WAVE_MAX_M and wg.split_wave_config(key[2], *key[:2]) is not None]
     assert len(changed) == 4 and all(after[key] < 0.95 * before[key] for key in changed)
+
+
+def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race():
+    """The H200 race committed under results/ (3 rounds, every config checked against the FP32
+    reference) holds, per cell, the dispatch's config as committed before the split wave reached 352
+    rows and its whole-wave blocks came in 8-row steps ('dispatch'), and the configs of the rule as
+    planned: 'fit', twelve shapes at M = 152-1024, from which the two-block limits were read; and
+    'held_out', twelve other shapes. The dispatch's config was timed in every cell; in the fit it was
+    never slower than the one before, and faster in all 76 cells it changed; held out, slower only
+    on 1024x8192 M = 256 and 336 and 6144x6144 M = 360 (under 1.05x), faster in the other 51 it
+    changed. Untuned run k (all 32 M, verified) ran each cell it changed faster than run j."""
+    cells = race_cells("h200_ab_2026-12-02k_split_wave_two_blocks.json")
+    assert len(cells) == 84 + 73  # four held-out cells were raced twice (the later race counts)
+    changed, slower = {"fit": 0, "held_out": 0}, {}
+    for (race, n, k, m), times in cells.items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        timed = {c: us for c, us in times.values()}
+        was, was_us = times["dispatch"]
+        assert config in timed, (race, n, k, m)
+        changed[race] += config != was
+        if timed[config] > was_us:
+            slower[(n, k, m)] = timed[config] / was_us
+    assert changed == {"fit": 76, "held_out": 54}
+    assert slower.keys() == {(1024, 8192, 256), (1024, 8192, 336), (6144, 6144, 360)} and max(slower.values()) < 1.05
+    before, after = untuned_run("h200_untuned_2026-12-02j.json"), untuned_run("h200_untuned_2026-12-02k.json")
+    moved = [key for key in after if (race := ("fit", *key)) in cells and cells[race]["dispatch"][0] != sk.heuristic_config(key[2], *key[:2], arch="sm_90", sm_count=132)]
+    assert len(moved) == 19 and all(after[key] < 0.99 * before[key] for key in moved)
 
 
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
@@ -885,7 +976,7 @@ def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
 
 
 def test_heuristic_small_m_split_and_stages():
-    """Below SMALL_M, where the small-M one-wave rule does not apply (more weight tiles than SMs, K
+    """Below SMALL_M, where the split-wave rule does not apply (more weight tiles than SMs, K
     not in 128-deep tiles), and as the tight cover under it: the split doubles while the CTAs fit two
     per SM and each split keeps 16 k tiles; x blocks of up to 32 rows take 128-deep k tiles where
     their CTAs fit two per SM, else 8 stages of 64 (the H200 timings at SMALL_M's and DEEP_K's comments)."""
@@ -960,7 +1051,7 @@ def narrow_streamk_decides(m: int, n: int, k: int) -> bool:
     return isinstance(c, sk.WgmmaStreamKConfig) and c.block_x == sk.NARROW_STREAMK_BLOCK_X < wide.block_x and wide.warpgroups == 2
 
 
-def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave):
+def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave, whole_waves_in_16_row_steps):
     """At M = 225-256, where two warpgroups' wider x block would run as stream-K over fewer tiles than
     SMs, stream-K over 128-row blocks: in every such cell of the committed timings where the config
     it replaces was timed too (six, on five shapes, each verified), 0.91x its time on geometric mean,
@@ -983,7 +1074,7 @@ def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave):
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 0.93
 
 
-def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave, without_small_m_one_wave):
+def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave, without_split_wave):
     """The two-warpgroup rule was read off the tuner's timings at M = 144-1024 (committed under
     results/): the heuristic's choice, less the producer warpgroup and the two-warpgroup stream-K
     those timings predate (the next tests), was timed in every cell, and on geometric mean it stays
@@ -1023,7 +1114,7 @@ def test_two_warpgroup_producer_against_the_committed_h200_timings():
 def test_heuristic_deep_k_against_the_committed_h200_timings():
     """Where the heuristic takes 128-deep k tiles, the tuner timed both its config and the 64-deep
     twin with 8 stages (M = 24 and 32, committed under results/), and the 128-deep one won every cell.
-    The small-M one-wave rule came later and takes most of these cells; the rule under it, which
+    The split-wave rule came later and takes most of these cells; the rule under it, which
     these timings decided, is ``wg.tight_wgmma_config``."""
     deep = 0
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30f_m24-64.json").items():
@@ -1070,7 +1161,7 @@ def test_heuristic_evened_split_against_the_committed_h200_timings(without_skinn
     decided = []
     for (n, k, m), times in cells.items():
         chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        if wg.small_m_one_wave_config(m, n, k) is not None:
+        if wg.split_wave_config(m, n, k) is not None:
             chosen = wg.tight_wgmma_config(m, n, k)
         if isinstance(chosen, wg.WgmmaConfig) and chosen.split_k % 3 == 0:
             decided.append(m)
@@ -1085,7 +1176,7 @@ def test_heuristic_streamk_against_the_committed_h200_timings():
     - below M = 64, where the split-K config was timed (the twins on shapes without table entries,
       and the 2026-11-30f tuner timings at M = 24-48, which hold 64-deep stream-K), the heuristic's
       choice between split-K and stream-K was never more than 3 % slower than the other (in the cells
-      it still decides: the small-M one-wave rule takes those with no more weight tiles than SMs)."""
+      it still decides: the split-wave rule takes those with no more weight tiles than SMs)."""
     twins = committed_timings("h200_timings_2026-11-30h_streamk_twins.json")
     pairs = 0
     for (n, k, m), times in twins.items():
@@ -1100,12 +1191,12 @@ def test_heuristic_streamk_against_the_committed_h200_timings():
             split_k = wg.get_wgmma_config(m, n, k)
             streamk = sk.WgmmaStreamKConfig(split_k.block_x, block_k, 4, 2) if split_k else None
             if not (wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and split_k in times and streamk in times):
-                continue  # (where the small-M one-wave rule applies, split_k is its config: never timed here)
+                continue  # (where the split-wave rule applies, split_k is its config: never timed here)
             takes_streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
             taken += [(n, m)] if takes_streamk else []
             chosen, other = (streamk, split_k) if takes_streamk else (split_k, streamk)
             assert times[chosen] <= 1.03 * times[other], (n, k, m, chosen, other)
-    # 5120x17408 at M = 24, 32, 48 and 11008x4096 at 32, 48, 56 took it too until the small-M one-wave rule
+    # 5120x17408 at M = 24, 32, 48 and 11008x4096 at 32, 48, 56 took it too until the split-wave rule
     assert sorted(taken) == [(34816, 24), (34816, 32), (34816, 48)]
 
 
@@ -1557,7 +1648,7 @@ def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly(without_on
     at least 1.2x the mean (5120x6144 M = 512: 160 CTAs on 132 SMs); not where the CTAs spread evenly
     (16384x5120 M = 512: 512 CTAs), not where a CTA would get under 8 k tiles. At M = 17-63 only from
     1.45x the mean and where the weight tiles outnumber the SMs (34816x5120 M = 32: 272 CTAs, 1.46x;
-    with fewer tiles the small-M one-wave rule gives a CTA per SM at most: 5120x17408 and 11008x4096),
+    with fewer tiles the split-wave rule gives a CTA per SM at most: 5120x17408 and 11008x4096),
     and never at M <= 16. From M = 64 it runs two consumer warpgroups and a producer over 128-deep k
     tiles; below, one warpgroup, two CTAs per SM, 128-deep k tiles up to 64 x rows."""
     assert nv.sm_imbalance(80, 132) == pytest.approx(132 / 80) and nv.sm_imbalance(264, 132) == 1.0
@@ -1566,7 +1657,7 @@ def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly(without_on
     assert sk.heuristic_config(32, 34816, 5120, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
     assert sk.heuristic_config(64, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(64, 128, 4, 1, True, 2, True)
     for m, n, k in ((32, 5120, 17408), (56, 11008, 4096), (32, 6144, 4096)):  # 1.65x, 1.53x, 1.38x the mean as split-K
-        assert sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == wg.small_m_one_wave_config(m, n, k)
+        assert sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == wg.split_wave_config(m, n, k)
     for n, k in [(5120, 17408), (11008, 4096), (34816, 5120)]:  # 1.46-1.65x at M = 17-63
         assert all(not isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig) for m in range(1, 17))
     assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
