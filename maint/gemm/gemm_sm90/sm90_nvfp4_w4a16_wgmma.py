@@ -670,23 +670,26 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 # shapes and eight others at M = 152-1024 (with the whole-wave rules' 8-row steps, above), then held
 # out on twelve more: in the 76 cells of the first set where the dispatch changed, all faster,
 # 0.57-1.00x (2560x8192 M = 352 27.66 us against 48.74; 4096x11008 M = 272 36.84 against 41.75;
-# 4096x4096 M = 192 15.79 against 18.63); in the 54 held-out ones, 51 faster (0.58-0.99x: 2048x8192
-# M = 208 17.42 against 29.85), and 1024x8192 M = 256 and 336 (1.03-1.04x) and 6144x6144 M = 360
-# (1.006x) slower. The limits leave out every cell where two blocks lost:
+# 4096x4096 M = 192 15.79 against 18.63); in the 51 held-out ones, 50 faster (0.58-0.99x: 2048x8192
+# M = 208 17.42 against 29.85) and 6144x6144 M = 360 1.006x. The limits leave out every cell where
+# two blocks lost:
 # - a split's K over SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K, where stream-K over one x block of all M
 #   rows dequantizes the weights once and spreads its fix-up over many k tiles: 8192x28672 M = 192
 #   and 208 (28672 k per CTA) 126.40 and 132.07 us against 117.53 and 125.64, 5120x13824 (13824)
 #   1.04-1.06x, 3584x18944 (9472) 1.02-1.04x; 4096x14336 (7168) and 8192x8192 (8192) won 0.92-0.96x;
-# - CTAs for fewer than SPLIT_WAVE_TWO_BLOCKS_MIN_FILL of the SMs: 1024x4096 (16 tiles, split 4 at
-#   1024 k per split: 64 CTAs) at M = 272-352, 13.49-16.44 us against 12.47-13.04 for stream-K over
-#   64-row blocks. (At 192-256 it won there, 11.53-13.13 against 26.4 for one warpgroup's 24-32 CTAs,
-#   which this limit gives back: NOTES, next steps.)
+# - a split's K under SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K, where the split-K exchange of two blocks
+#   outweighs a few k tiles per CTA (results/h200_ab_2026-12-02k_two_blocks_small_n_and_many_tiles.json,
+#   against stream-K over 64-row blocks, which the dispatch gives those cells): 1024 k per split on
+#   1536x4096 (split 4) 1.03-1.17x, 1024x4096 (split 4) at M = 192-352 1.00-1.24x, 1024x8192 (split 8)
+#   0.97-1.09x; 1536x8960 (1792) won 0.89-0.98x, 4096x4096 and 2048x8192 (2048) 0.58-0.99x. (1024x4096
+#   at M = 192-256 runs one warpgroup's 24-32 CTAs, 26.4 us where stream-K over 64-row blocks took
+#   11.3-11.7: its iterations fall short of MIN_STREAMK_ITERATIONS_PER_CTA; NOTES, next steps.)
 SPLIT_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
 SPLIT_WAVE_MAX_M = 352
 SPLIT_WAVE_FIRST_MAX_M = 144
 SPLIT_WAVE_MAX_BLOCK_X = 176
 SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K = 8192
-SPLIT_WAVE_TWO_BLOCKS_MIN_FILL = 0.5
+SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K = 12 * DEEP_K
 
 
 def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
@@ -698,7 +701,7 @@ def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optiona
     if not HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
         return None
     split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SPLIT_WAVE_MIN_SPLIT_K))
-    if x_blocks > 1 and (k // split > SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K or tiles * split < SPLIT_WAVE_TWO_BLOCKS_MIN_FILL * sm_count):
+    if x_blocks > 1 and not SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K <= k // split <= SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K:
         return None
     return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
 
