@@ -541,10 +541,11 @@ def _two_warpgroup_config(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
 # off 16-row steps. Each limit is now the 8-row block that the same M and tiles give where the
 # 16-row block met the old one (64 -> 56, 32 -> 24, TMA_BLOCK_X -> ONE_WAVE_DEEP_K_MIN_BLOCK_X, and
 # TWO_WAVES_MIN_BLOCK_X 112 -> 104), so the rules take the same cells with up to 8 fewer padding
-# rows per block. In the race of the split-wave rule below (2026-12-02k), 0.95-0.99x the time in
-# most cells where only that changed (6144x4096 M = 272 23.93 us against 25.12; 8192x28672 M = 608
-# 341.35 against 355.69), 0.78-0.79x where 184-row blocks now hold four stages (8192x28672 M = 720
-# 402.53 against 514.71, 3072x4096 M = 904), and none slower.
+# rows per block; 184-row blocks, which hold four stages where 192-row ones held three, are new. In
+# the race of the split-wave rule below (2026-12-02k), where only that changed: 0.95-0.99x the time
+# in most cells (6144x4096 M = 272 23.93 us against 25.12; 8192x28672 M = 608 341.35 against
+# 355.69); with 184-row blocks 0.78-0.79x (8192x28672 M = 720 402.53 against 514.71, 3072x4096 M =
+# 904) and 1.006x (6144x6144 M = 360, the one cell slower).
 ONE_WAVE_MIN_BLOCK_X = 56
 ONE_WAVE_FIRST_MIN_BLOCK_X = 64  # past 144 rows the split-wave rule comes first below this (see there)
 ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X = 24
@@ -572,8 +573,9 @@ WHOLE_WAVES_ROW_STEP = X_BLOCK_STEP
 
 
 def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Optional[int]:
-    """The x block (a multiple of WHOLE_WAVES_ROW_STEP) that cuts M into as many blocks as the weight tiles leave room
-    for in ``waves`` waves; None where that is one block or wider than two warpgroups take."""
+    """The x block (a multiple of WHOLE_WAVES_ROW_STEP) that cuts M into as many blocks as the weight
+    tiles leave room for in ``waves`` waves; None where that is one block or wider than two
+    warpgroups take."""
     x_blocks = min(waves * sm_count // (n // CTA_ROWS), -(-m // 16))
     if x_blocks < 2:
         return None
@@ -585,7 +587,7 @@ def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: 
     """Tiles of ``block_x`` rows split ``split`` ways along K (whole by default), two consumer
     warpgroups and a producer, ``block_k`` deep, the deepest pipeline that fits (at most a split's k
     tiles); None under ``min_stages`` stages. The heuristic's one- and two-wave configs and its
-    small-M one (``split_wave_config``), and the tuner's whole-wave candidates."""
+    split-wave one (``split_wave_config``), and the tuner's whole-wave candidates."""
     stages = min(deepest_stages(block_x, ctas_per_sm=1, block_k=block_k), k // block_k // split)
     return WgmmaConfig(block_x, block_k, stages, split, True, 2, True) if stages >= min_stages else None
 
