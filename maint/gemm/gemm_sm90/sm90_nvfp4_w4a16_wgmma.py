@@ -410,9 +410,9 @@ def get_wgmma_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
     if m < heuristic_min_m(n, sm_count) or k // SWIZZLE_K < DEFAULT_STAGES:
         return None
     m = min(m, example.MAX_M_PER_LAUNCH)
-    one_wave = split_wave_config(m, n, k, sm_count=sm_count)
-    if one_wave is not None:
-        return one_wave
+    split_wave = split_wave_config(m, n, k, sm_count=sm_count)
+    if split_wave is not None:
+        return split_wave
     if takes_two_warpgroups(m, n, k, sm_count):
         return _two_warpgroup_config(m, n, k, sm_count)
     config = _x_blocks_for(m, n, k, sm_count)

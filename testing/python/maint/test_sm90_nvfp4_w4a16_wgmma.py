@@ -24,16 +24,22 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100/H2
 
 
 @contextlib.contextmanager
-def dispatch_without(owner, rule: str):
-    """The dispatch with ``owner.rule`` giving no config, so that the rules under it decide (the
-    dispatch's cache is cleared on the way in and out)."""
+def patched_dispatch(owner, **values):
+    """The dispatch with ``owner``'s attributes set to ``values`` (its cache cleared on the way in
+    and out)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(owner, rule, lambda *args, **kwargs: None)
+        for name, value in values.items():
+            patch.setattr(owner, name, value)
         sk.heuristic_config.cache_clear()
         try:
             yield
         finally:
             sk.heuristic_config.cache_clear()
+
+
+def dispatch_without(owner, rule: str):
+    """The dispatch with ``owner.rule`` giving no config, so that the rules under it decide."""
+    return patched_dispatch(owner, **{rule: lambda *args, **kwargs: None})
 
 
 @pytest.fixture
@@ -58,14 +64,8 @@ def whole_waves_in_16_row_steps():
     """The whole-wave rules with their x blocks in 16-row steps, as they were when the committed
     timings that the tests using this read were taken (``wg.WHOLE_WAVES_ROW_STEP``; their minimum
     blocks, multiples of 8, pick the same cells either way), and the split-wave rule to 176 rows."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wg, "WHOLE_WAVES_ROW_STEP", 16)
-        patch.setattr(wg, "SPLIT_WAVE_MAX_M", 176)
-        sk.heuristic_config.cache_clear()
-        try:
-            yield
-        finally:
-            sk.heuristic_config.cache_clear()
+    with patched_dispatch(wg, WHOLE_WAVES_ROW_STEP=16, SPLIT_WAVE_MAX_M=176):
+        yield
 
 
 @pytest.fixture
