@@ -697,6 +697,21 @@ STREAMK_TWO_WARPGROUPS_MIN_M = hopper.SMALL_M
 # cells raced (6144x4096 and 11008x4096 at M = 113 and 120; H200, 2026-12-02i, results/h200_ab_
 # 2026-12-02i_streamk_keeps_the_8_row_block.json: 16.63 us against 17.09 at 6144x4096 M = 113).
 NARROW_STREAMK_BLOCK_X = hopper.TMA_BLOCK_X
+# From TWO_BLOCK_STREAMK_MIN_M to hopper.SPLIT_WAVE_MAX_M rows, where two x blocks give more tiles than
+# SMs (so the split wave does not apply) and K is whole 128-deep tiles: stream-K over two x blocks
+# (8-row steps, at most 176 rows), 128 deep, two consumer warpgroups and a producer, behind the two-
+# wave rule (``heuristic_config`` asks it of every stream-K config). Before, those cells ran stream-K
+# or whole tiles over two 64-deep blocks of 144-176 rows, one warpgroup's 96-128-row blocks, or
+# three 104-120-row ones (two waves). H200, 2026-12-02l (results/h200_ab_2026-12-02l_two_block_
+# streamk.json, 3 rounds, every config checked against the FP32 reference): on six shapes at M =
+# 272, 304 and 352, 0.80-0.97x the time in the 16 cells it changes (11008x4096 M = 272 39.04 us
+# against 46.53; 18944x3584 M = 352 70.51 against 87.80); the same blocks 64 deep took 1.01-1.11x
+# the 128-deep ones' time, and the dispatch's own blocks 128 deep 1.03-1.13x, so both the depth and
+# the two tight blocks count. Held out, twelve other shapes at M = 257-345: 0.78-0.99x in 23 of 24
+# cells (18944x6144 M = 345 111.67 against 143.71), 1.013x on 32768x8192 M = 305. At M = 192-256 the
+# same blocks lost to the dispatch's in 11 of 14 cells of the forty-ninth session's race e (one
+# x block of all M rows dequantizes the weights once).
+TWO_BLOCK_STREAMK_MIN_M = 257
 
 
 @functools.lru_cache(maxsize=None)  # every eager call without a table entry asks (5-15 us each uncached)
@@ -711,8 +726,11 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
     consumer warpgroups and a producer; at M = 225-256 over 128-row x blocks where the wider ones
-    give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X), else the stream-K heuristic (which falls back
-    to the example's). Other archs never get wgmma."""
+    give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X; at M = 257-352 over two 128-deep x blocks where
+    those give more tiles than SMs, TWO_BLOCK_STREAMK_MIN_M), else the stream-K heuristic (which falls back
+    to the example's); and where what that leaves is split-K whose CTAs fill at most
+    hopper.FEW_CTAS_MAX_FILL of the SMs, the narrow split wave (``hopper.narrow_split_wave_config``).
+    Other archs never get wgmma."""
     if arch != "sm_90":
         return get_streamk_config(m, n, k, sm_count=sm_count)
     few_rows = skinny.heuristic_config(m, n, k, sm_count=sm_count)
@@ -729,12 +747,18 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
         whole = hopper.two_waves_config(m, n, k, sm_count=sm_count)
         if whole is None and one_warpgroup:
             whole = hopper.one_wave_config(m, n, k, sm_count=sm_count, over_one_warpgroup=True)
-        return whole or config
+        if whole is not None:
+            return whole
+    if type(config) is hopper.WgmmaConfig and hopper.wgmma_ctas(config, m, n) <= hopper.FEW_CTAS_MAX_FILL * sm_count:
+        return hopper.narrow_split_wave_config(m, n, k, sm_count=sm_count) or config
     return config
 
 
 def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
     """``heuristic_config`` on sm_90 short of the whole-wave rules."""
+    if TWO_BLOCK_STREAMK_MIN_M <= m <= hopper.SPLIT_WAVE_MAX_M and 2 * (n // hopper.CTA_ROWS) > sm_count and k % hopper.DEEP_K == 0:
+        block_x = hopper.X_BLOCK_STEP * -(-m // (2 * hopper.X_BLOCK_STEP))
+        return WgmmaStreamKConfig(block_x, hopper.DEEP_K, hopper.DEFAULT_STAGES, 1, True, 2, True)
     config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
     if config is None:
         return get_streamk_config(m, n, k, sm_count=sm_count)

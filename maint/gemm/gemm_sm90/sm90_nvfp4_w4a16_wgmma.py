@@ -684,8 +684,8 @@ def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional
 #   against stream-K over 64-row blocks, which the dispatch gives those cells): 1024 k per split on
 #   1536x4096 (split 4) 1.03-1.17x, 1024x4096 (split 4) at M = 192-352 1.00-1.24x, 1024x8192 (split 8)
 #   0.97-1.09x; 1536x8960 (1792) won 0.89-0.98x, 4096x4096 and 2048x8192 (2048) 0.58-0.99x. (1024x4096
-#   at M = 192-256 runs one warpgroup's 24-32 CTAs, 26.4 us where stream-K over 64-row blocks took
-#   11.3-11.7: its iterations fall short of MIN_STREAMK_ITERATIONS_PER_CTA; NOTES, next steps.)
+#   at M = 192-256 ran one warpgroup's 24-32 CTAs, 26.4 us, where stream-K over 64-row blocks took
+#   11.3-11.7; the narrow split wave below now takes those cells, at 9.8-10.3.)
 SPLIT_WAVE_MIN_SPLIT_K = MIN_K_TILES_PER_SPLIT * SWIZZLE_K
 SPLIT_WAVE_MAX_M = 352
 SPLIT_WAVE_FIRST_MAX_M = 144
@@ -705,6 +705,44 @@ def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optiona
     split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SPLIT_WAVE_MIN_SPLIT_K))
     if x_blocks > 1 and not SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K <= k // split <= SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K:
         return None
+    return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
+
+
+# The narrow split wave. Where the rules above leave most SMs idle (small N; the stream-K module's
+# ``heuristic_config`` asks where what it would run is split-K whose CTAs fill at most
+# FEW_CTAS_MAX_FILL of the SMs): x blocks of at most NARROW_BLOCK_X rows (8-row steps) and a split
+# that fills one wave down to NARROW_SPLIT_MIN_K_TILES 128-deep k tiles per split, otherwise the
+# split-wave rule's config (two consumer warpgroups, a producer, TMA, the deepest pipeline). Those
+# cells came from the split wave, whose split keeps SPLIT_WAVE_MIN_SPLIT_K of K (1024x4096 M = 176:
+# 8 tiles of 176 rows split 4, 32 CTAs, 16.2 us), and past 176 rows from one warpgroup's 64-row
+# blocks unsplit, 64 deep (1024x4096 M = 192: 24 CTAs of 64 k tiles, 26.2 us, and as long at
+# 256x4096 M = 1016), whose split stops at the partials' DRAM-traffic bound (``example._split_k``;
+# the partials of so few tiles stay in L2) and whose iterations are too few for stream-K
+# (MIN_STREAMK_ITERATIONS_PER_CTA). H200, 2026-12-02l (results/h200_ab_2026-12-02l_narrow_split_
+# wave.json, 3 rounds, every config checked against the FP32 reference). First against one warpgroup
+# split to fill a wave, the same at two CTAs per SM, stream-K over the same blocks and the old
+# dispatch on 13 shapes of N = 128-2048 at M = 32-1016: this config was the fastest in all 17 cells
+# where it ran (1024x4096 M = 192 9.78 us against 26.18, one warpgroup 10.78, stream-K 11.15;
+# 128x8192 M = 400 11.60 against 48.84; 1024x4096 M = 176 10.29 against 16.18). Held out, 36 cells of
+# other shapes and M (N = 128-3072, K = 512-14336, M = 25-689) the quarter fill changes: all faster,
+# 0.30-0.91x (512x5120 M = 185 9.87 against 32.63). Then 37 cells whose split-K CTAs fill a quarter to
+# half of the SMs: 33 faster, 0.47-0.93x (512x3072 M = 521 9.86 against 20.77; 2048x4096 M = 104
+# 10.26 against 12.31); slower where the old config already took the same block with 1024 k per split
+# in 64 CTAs and this halves that at M <= 64, 1.03-1.05x (1024x8192 M = 32 10.20 against 9.71,
+# M = 64, 2048x4096 M = 17); stream-K, which fills the SMs, stays (768x4096 M = 321, where this
+# config took 0.90x its time).
+FEW_CTAS_MAX_FILL = 0.5
+NARROW_SPLIT_MIN_K_TILES = ONE_WAVE_MIN_STAGES
+
+
+def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The narrow split wave above, or None (K not in whole 128-deep tiles, more tiles than SMs)."""
+    x_blocks = -(-m // NARROW_BLOCK_X)
+    tiles = n // CTA_ROWS * x_blocks
+    if k % DEEP_K or tiles > sm_count:
+        return None
+    k_tiles = k // DEEP_K
+    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k_tiles // s >= NARROW_SPLIT_MIN_K_TILES))
     return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
 
 

@@ -2,6 +2,7 @@
 dequantized weights as the register operand: compiling for sm_90a, never being chosen or launched on
 another arch, and (on an sm_90 GPU) results against the FP32 reference (DESIGN.md section 8)."""
 
+import collections
 import contextlib
 import pathlib
 import re
@@ -65,6 +66,24 @@ def whole_waves_in_16_row_steps():
     timings that the tests using this read were taken (``wg.WHOLE_WAVES_ROW_STEP``; their minimum
     blocks, multiples of 8, pick the same cells either way), and the split-wave rule to 176 rows."""
     with patched_dispatch(wg, WHOLE_WAVES_ROW_STEP=16, SPLIT_WAVE_MAX_M=176):
+        yield
+
+
+@pytest.fixture
+def without_narrow_split_wave():
+    """The dispatch without the narrow split wave (``wg.FEW_CTAS_MAX_FILL`` 0: no config fills so few
+    SMs), which takes over the few-CTA cells of the rules that the tests using this check against
+    timings committed before it."""
+    with patched_dispatch(wg, FEW_CTAS_MAX_FILL=0):
+        yield
+
+
+@pytest.fixture
+def without_two_block_streamk():
+    """The dispatch without stream-K over two x blocks at M = 257-352 (``sk.TWO_BLOCK_STREAMK_MIN_M``
+    past every M), which takes over cells of the rules that the tests using this check against
+    timings committed before it."""
+    with patched_dispatch(sk, TWO_BLOCK_STREAMK_MIN_M=nv.MAX_M_PER_LAUNCH + 1):
         yield
 
 
@@ -660,7 +679,7 @@ def test_heuristic_two_warpgroups():
     assert wg.get_wgmma_config(512, 5120, 6144).warpgroups == 1
 
 
-def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_split_wave):
+def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_split_wave, without_two_block_streamk):
     """From M = 64 the dispatch's wgmma stream-K runs two consumer warpgroups with a producer
     (sk.STREAMK_TWO_WARPGROUPS_MIN_M). The two committed H200 runs of the untuned shapes, before (one
     warpgroup) and after, both verified, time each of the 21 cells where that changes the dispatch
@@ -763,7 +782,8 @@ def test_heuristic_split_wave():
             dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
             one_wave = wg.one_wave_config(m, n, k)
             whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X
-            if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not whole_blocks_first:
+            few_ctas = (n // wg.CTA_ROWS) * split <= wg.FEW_CTAS_MAX_FILL * 132  # the narrow split wave's (test_heuristic_narrow_split_wave)
+            if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not whole_blocks_first and not few_ctas:
                 assert dispatched == expected, (m, n, k)
         assert wg.split_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
         assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
@@ -937,7 +957,7 @@ def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_
     assert len(changed) == 4 and all(after[key] < 0.95 * before[key] for key in changed)
 
 
-def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race():
+def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race(without_narrow_split_wave):
     """The H200 race committed under results/ (3 rounds, every config checked against the FP32
     reference) holds, per cell, the dispatch's config as committed before the split wave reached 352
     rows and its whole-wave blocks came in 8-row steps ('dispatch'), and the configs of the rule as
@@ -982,6 +1002,115 @@ def test_split_wave_two_blocks_leave_small_n_to_streamk_against_the_committed_h2
         lost += two > timed[sk.WgmmaStreamKConfig(64, 128, 4, 1, True, 2, True)]
         assert wg.split_wave_config(m, n, k) is None, (n, k, m)
     assert lost == 6 + 6 + 2
+
+
+def test_narrow_split_wave_against_the_committed_h200_race():
+    """The H200 races of 2026-12-02l (every config checked against the FP32 reference) against the
+    dispatch before the narrow split wave ('dispatch'): the dispatch's config was timed in every cell
+    it changes, except where the candidates took 64-row blocks or the first race's other shapes of
+    config; it was the fastest config raced in all 17 of the candidates race and ran faster than the
+    dispatch before in all 36 held-out cells (0.30-0.91x); of the 36 cells at a quarter to half fill
+    it changes, slower only in three at M <= 64 where it halves a 1024-k split of the same block
+    (1.03-1.05x)."""
+    cells = race_cells("h200_ab_2026-12-02l_narrow_split_wave.json")
+    timed_changed, untimed, slower = collections.Counter(), collections.Counter(), {}
+    for (race, n, k, m), times in cells.items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        was, was_us = times["dispatch"]
+        timed = dict(times.values())
+        if config == was:
+            continue
+        if config not in timed:
+            untimed[race] += 1
+            continue
+        timed_changed[race] += 1
+        us = timed[config]
+        if race == "small_n_candidates":
+            assert us == min(timed.values()), (n, k, m)
+        if us > was_us:
+            slower[(n, k, m)] = us / was_us
+    assert timed_changed == {"small_n_candidates": 17, "held_out": 36, "half_fill": 36}
+    assert untimed == {"small_n_first": 17, "small_n_candidates": 5}
+    assert slower.keys() == {(1024, 8192, 32), (1024, 8192, 64), (2048, 4096, 17)} and max(slower.values()) < 1.06
+
+
+def test_heuristic_two_block_streamk():
+    """At M = 257-352, where two x blocks give more tiles than SMs and K is whole 128-deep tiles:
+    stream-K over two x blocks in 8-row steps, 128 deep, two consumer warpgroups and a producer,
+    unless the two-wave rule takes the cell (11008x4096 from M = 297). Not at 256 rows or past 352,
+    not where two blocks' tiles fit the SMs (6144x4096: the split wave), not with K in 64-deep tiles."""
+    for n, k in ((11008, 4096), (14336, 4096), (28672, 8192), (18944, 3584), (8960, 1536)):
+        for m in range(sk.TWO_BLOCK_STREAMK_MIN_M, wg.SPLIT_WAVE_MAX_M + 1):
+            config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            two_waves = wg.two_waves_config(m, n, k)
+            block_x = 8 * -(-m // 16)
+            assert config == (two_waves or sk.WgmmaStreamKConfig(block_x, wg.DEEP_K, wg.DEFAULT_STAGES, 1, True, 2, True)), (m, n, k)
+            assert 2 * block_x >= m > 2 * (block_x - 8) and block_x <= wg.SPLIT_WAVE_MAX_BLOCK_X
+    assert sk.heuristic_config(272, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(136, 128, 4, 1, True, 2, True)
+    assert sk.heuristic_config(304, 11008, 4096, arch="sm_90", sm_count=132) == wg.two_waves_config(304, 11008, 4096)
+    for m, n, k in ((256, 14336, 4096), (353, 14336, 4096), (300, 6144, 4096), (300, 14336, 4160)):
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        assert not (isinstance(config, sk.WgmmaStreamKConfig) and config.block_k == wg.DEEP_K and config.block_x == 8 * -(-m // 16)), (m, n, k)
+
+
+def test_two_block_streamk_against_the_committed_h200_race():
+    """The H200 races of 2026-12-02l (every config checked against the FP32 reference): in the fit
+    (six shapes at M = 272, 304, 352) the dispatch's config was the fastest raced in every cell it
+    changes (16), the same blocks 64 deep and the old blocks 128 deep slower; held out (twelve shapes
+    at M = 257-345), faster than the dispatch before in 23 of 24 cells, 1.013x on 32768x8192 M = 305."""
+    cells = race_cells("h200_ab_2026-12-02l_two_block_streamk.json")
+    changed, slower = collections.Counter(), {}
+    for (race, n, k, m), times in cells.items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        was, was_us = times["dispatch"]
+        timed = dict(times.values())
+        assert config in timed, (race, n, k, m)
+        if config == was:
+            continue
+        changed[race] += 1
+        if race == "fit":
+            assert timed[config] == min(timed.values()), (n, k, m)
+        if timed[config] > was_us:
+            slower[(n, k, m)] = timed[config] / was_us
+    assert changed == {"fit": 16, "held_out": 24}
+    assert slower.keys() == {(32768, 8192, 305)} and max(slower.values()) < 1.02
+
+
+def test_heuristic_narrow_split_wave():
+    """Where the split-K config the dispatch would run gives at most FEW_CTAS_MAX_FILL of the SMs a
+    CTA (small N), the narrow split wave instead: ceil(M / 64) x blocks in 8-row steps, two consumer
+    warpgroups, a producer, TMA, 128-deep k tiles, split as far as one wave holds down to
+    NARROW_SPLIT_MIN_K_TILES k tiles per split. Stream-K and the configs that fill more SMs stay."""
+    changed = 0
+    for n in (128, 256, 512, 768, 1024, 1536, 2048, 3072):
+        for k in (1024, 2048, 2304, 4096, 8192):
+            for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 8):
+                with patched_dispatch(wg, FEW_CTAS_MAX_FILL=0):
+                    before = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                few = type(before) is wg.WgmmaConfig and wg.wgmma_ctas(before, m, n) <= wg.FEW_CTAS_MAX_FILL * 132
+                if not few or wg.narrow_split_wave_config(m, n, k) is None:
+                    assert config == before, (m, n, k)
+                    continue
+                changed += config != before
+                x_blocks = -(-m // wg.NARROW_BLOCK_X)
+                assert config.block_x % 8 == 0 and config.block_x * x_blocks >= m > (config.block_x - 8) * x_blocks, (m, n, k)
+                assert (config.block_k, config.tma_loads, config.warpgroups, config.producer) == (wg.DEEP_K, True, 2, True)
+                ctas, k_tiles = wg.wgmma_ctas(config, m, n), k // wg.DEEP_K
+                assert ctas <= 132 and k_tiles // config.split_k >= wg.NARROW_SPLIT_MIN_K_TILES, (m, n, k)
+                more = ctas // config.split_k * (config.split_k + 1)
+                assert config.split_k == nv.MAX_SPLIT_K or more > 132 or k_tiles // (config.split_k + 1) < wg.NARROW_SPLIT_MIN_K_TILES
+                wg.check_wgmma_config(config, n, k)
+    assert changed > 1000
+    # 1024x4096 M = 192 ran one warpgroup's 24 CTAs unsplit (26 us): now three 64-row blocks split 5
+    assert sk.heuristic_config(192, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
+    # At M = 176 the split wave's 176-row block split 4 (32 CTAs): three 64-row blocks split 5 (120)
+    assert sk.heuristic_config(176, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
+    # M = 32: the same 32-row block, split 8 (4 k tiles each) where the split wave stops at 4 (1024 k)
+    assert sk.heuristic_config(32, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(32, 128, 4, 8, True, 2, True)
+    # Not where the dispatch runs stream-K, which fills the SMs (2048x8192: 16 tiles of 208 rows)
+    assert isinstance(sk.heuristic_config(385, 2048, 8192, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+    assert wg.narrow_split_wave_config(64, 1024, 4160) is None  # K in 64-deep tiles only
 
 
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
@@ -1096,7 +1225,7 @@ def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave, who
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 0.93
 
 
-def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave, without_split_wave):
+def test_heuristic_against_the_committed_h200_timings(monkeypatch, without_one_wave, without_split_wave, without_two_block_streamk):
     """The two-warpgroup rule was read off the tuner's timings at M = 144-1024 (committed under
     results/): the heuristic's choice, less the producer warpgroup and the two-warpgroup stream-K
     those timings predate (the next tests), was timed in every cell, and on geometric mean it stays
