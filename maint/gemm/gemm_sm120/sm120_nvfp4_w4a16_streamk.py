@@ -757,8 +757,7 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
 def _wgmma_heuristic_config(m: int, n: int, k: int, sm_count: int) -> AnyConfig:
     """``heuristic_config`` on sm_90 short of the whole-wave rules."""
     if TWO_BLOCK_STREAMK_MIN_M <= m <= hopper.SPLIT_WAVE_MAX_M and 2 * (n // hopper.CTA_ROWS) > sm_count and k % hopper.DEEP_K == 0:
-        block_x = hopper.X_BLOCK_STEP * -(-m // (2 * hopper.X_BLOCK_STEP))
-        return WgmmaStreamKConfig(block_x, hopper.DEEP_K, hopper.DEFAULT_STAGES, 1, True, 2, True)
+        return WgmmaStreamKConfig(hopper.x_block_rows(m, 2), hopper.DEEP_K, hopper.DEFAULT_STAGES, 1, True, 2, True)
     config = hopper.get_wgmma_config(m, n, k, sm_count=sm_count)
     if config is None:
         return get_streamk_config(m, n, k, sm_count=sm_count)

@@ -702,10 +702,21 @@ def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optiona
     tiles = n // CTA_ROWS * x_blocks
     if not HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
         return None
-    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= SPLIT_WAVE_MIN_SPLIT_K))
+    split = one_wave_split(tiles, k, SPLIT_WAVE_MIN_SPLIT_K, sm_count)
     if x_blocks > 1 and not SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K <= k // split <= SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K:
         return None
-    return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
+    return whole_tiles_config(x_block_rows(m, x_blocks), k, split=split)
+
+
+def one_wave_split(tiles: int, k: int, min_split_k: int, sm_count: int) -> int:
+    """The largest split (up to the example's MAX_SPLIT_K) whose CTAs still find an SM each and keep
+    ``min_split_k`` of K per split; 1 where none does."""
+    return max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= min_split_k))
+
+
+def x_block_rows(m: int, x_blocks: int) -> int:
+    """The x block, in X_BLOCK_STEP-row steps, that cuts M into ``x_blocks`` blocks."""
+    return X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks))
 
 
 # The narrow split wave. Where the rules above leave most SMs idle (small N; the stream-K module's
@@ -741,9 +752,8 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
     tiles = n // CTA_ROWS * x_blocks
     if k % DEEP_K or tiles > sm_count:
         return None
-    k_tiles = k // DEEP_K
-    split = max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k_tiles // s >= NARROW_SPLIT_MIN_K_TILES))
-    return whole_tiles_config(X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks)), k, split=split)
+    split = one_wave_split(tiles, k, NARROW_SPLIT_MIN_K_TILES * DEEP_K, sm_count)
+    return whole_tiles_config(x_block_rows(m, x_blocks), k, split=split)
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
