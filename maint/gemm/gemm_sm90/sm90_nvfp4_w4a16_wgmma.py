@@ -747,7 +747,8 @@ NARROW_SPLIT_MIN_K_TILES = ONE_WAVE_MIN_STAGES
 
 
 def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
-    """The narrow split wave above, or None (K not in whole 128-deep tiles, more tiles than SMs)."""
+    """The narrow split wave above, or None (K not in whole 128-deep tiles or under four of them,
+    more tiles than SMs)."""
     x_blocks = -(-m // NARROW_BLOCK_X)
     tiles = n // CTA_ROWS * x_blocks
     if k % DEEP_K or tiles > sm_count:
