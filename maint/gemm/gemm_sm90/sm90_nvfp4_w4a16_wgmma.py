@@ -380,6 +380,11 @@ def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
 TIGHT_ROW_STEP = 16
 
 
+def x_block_rows(m: int, x_blocks: int, row_step: int = X_BLOCK_STEP) -> int:
+    """The x block, a multiple of ``row_step``, that cuts M into ``x_blocks`` blocks."""
+    return row_step * -(-m // (row_step * x_blocks))
+
+
 def tight_wgmma_config(
     m: int, n: int, k: int, *, sm_count: int = 132, max_block_x: int = ONE_WARPGROUP_MAX_BLOCK_X, row_step: int = TIGHT_ROW_STEP
 ) -> WgmmaConfig:
@@ -390,7 +395,7 @@ def tight_wgmma_config(
     ``MAX_BLOCK_X``) are the caller's choice (``takes_two_warpgroups``)."""
     m = min(m, example.MAX_M_PER_LAUNCH)
     x_blocks = -(-m // max_block_x)
-    block_x = row_step * -(-m // (row_step * x_blocks))
+    block_x = x_block_rows(m, x_blocks, row_step)
     return _small_m_config(n, k, block_x, sm_count) if m < SMALL_M else _x_blocked(m, n, k, block_x, sm_count)
 
 
@@ -579,7 +584,7 @@ def whole_waves_block_x(m: int, n: int, sm_count: int, waves: int = 1) -> Option
     x_blocks = min(waves * sm_count // (n // CTA_ROWS), -(-m // 16))
     if x_blocks < 2:
         return None
-    block_x = WHOLE_WAVES_ROW_STEP * -(-m // (WHOLE_WAVES_ROW_STEP * x_blocks))
+    block_x = x_block_rows(m, x_blocks, WHOLE_WAVES_ROW_STEP)
     return block_x if block_x <= MAX_BLOCK_X else None
 
 
@@ -712,11 +717,6 @@ def one_wave_split(tiles: int, k: int, min_split_k: int, sm_count: int) -> int:
     """The largest split (up to the example's MAX_SPLIT_K) whose CTAs still find an SM each and keep
     ``min_split_k`` of K per split; 1 where none does."""
     return max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= min_split_k))
-
-
-def x_block_rows(m: int, x_blocks: int) -> int:
-    """The x block, in X_BLOCK_STEP-row steps, that cuts M into ``x_blocks`` blocks."""
-    return X_BLOCK_STEP * -(-m // (X_BLOCK_STEP * x_blocks))
 
 
 # The narrow split wave. Where the rules above leave most SMs idle (small N; the stream-K module's
