@@ -721,9 +721,11 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
     else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
     hopper.SPLIT_WAVE_FIRST_MAX_M rows, and past them where those blocks are under
-    hopper.ONE_WAVE_FIRST_MIN_BLOCK_X rows, of split tiles first: ``hopper.split_wave_config``), two whole waves where that beats
-    stream-K or one warpgroup (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape (as
-    stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
+    hopper.ONE_WAVE_FIRST_MIN_BLOCK_X rows, of split tiles first: ``hopper.split_wave_config``; over
+    two x blocks where one block's splits are as short as that rule allows:
+    ``hopper.two_block_split_wave_config``), two whole waves where that beats stream-K or one
+    warpgroup (``hopper.two_waves_config``), else the wgmma kernel where its heuristic takes the shape
+    (as stream-K where its CTAs would load the SMs unevenly: see hopper.WGMMA_STREAMK_MIN_IMBALANCE and,
     below hopper.SMALL_M, SMALL_M_STREAMK_MIN_IMBALANCE; from STREAMK_TWO_WARPGROUPS_MIN_M with two
     consumer warpgroups and a producer; at M = 225-256 over 128-row x blocks where the wider ones
     give fewer tiles than SMs, NARROW_STREAMK_BLOCK_X; at M = 257-352 over two 128-deep x blocks where
@@ -741,6 +743,9 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     split_wave_first = (m <= hopper.SPLIT_WAVE_FIRST_MAX_M or narrow_whole_blocks) and hopper.split_wave_config(m, n, k, sm_count=sm_count) is not None
     if one_wave is not None and not split_wave_first:
         return one_wave  # whole tiles, at most one per SM: nothing for stream-K to even out
+    two_blocks = hopper.two_block_split_wave_config(m, n, k, sm_count=sm_count) if split_wave_first else None
+    if two_blocks is not None:
+        return two_blocks  # as it is: its stream-K form lost (see there)
     config = _wgmma_heuristic_config(m, n, k, sm_count)
     one_warpgroup = isinstance(config, hopper.WgmmaConfig) and config.warpgroups == 1
     if isinstance(config, WgmmaStreamKConfig) or one_warpgroup:

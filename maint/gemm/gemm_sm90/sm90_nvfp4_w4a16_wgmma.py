@@ -757,6 +757,52 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
     return whole_tiles_config(x_block_rows(m, x_blocks), k, split=split)
 
 
+# The two-block split wave. Where the split wave runs one x block (M <= SPLIT_WAVE_MAX_BLOCK_X) whose
+# splits stop at SPLIT_WAVE_MIN_SPLIT_K of K (eight 128-deep k tiles a CTA: the pipeline's fill and
+# the exchange of up to four to eight partials of all M rows outweigh so short a k loop), the same
+# rule over two x blocks of half the rows, split to fill one wave: at most half the split, twice the
+# k tiles per CTA, each weight tile dequantized twice. Where the narrow split wave takes the cell
+# (FEW_CTAS_MAX_FILL) it stays. H200, 2026-12-02m (results/h200_ab_2026-12-02m_two_block_split_wave.json,
+# 3 rounds, every config checked against the FP32 reference), against 2975622's dispatch:
+# - at half to 80 % fill, M = 80-176 (race mid_fill), the two blocks were the fastest of five
+#   candidates in 15 of 17 cells (3072x4096 M = 144 13.52 us against 15.88; 2048x5120 M = 160 12.65
+#   against 16.38); stream-K over the same two blocks won the other two by 2-4 % and lost the rest by
+#   up to 27 %, so the rule's config is returned as it is (the dispatch's imbalance test would make
+#   stream-K of 72-96 CTAs of unsplit tiles: 4608x2048 M = 128 13.61 against 10.71);
+# - where one block's split is not at that floor, two blocks lost whatever the fill (5120x4096 M = 96
+#   1.21x, split 3 of 1365 k; 3072x8192 M = 128 1.18x; 7168x4096, 4096x11008, 6144x4096 and 6144x6144
+#   1.01-1.26x; 2560x8192 0.98-1.02x), and where it is they won at 97 % fill too (4096x4096 M = 144 13.82 against 15.46);
+# - with as many CTAs as one block (the split halves), from TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M rows:
+#   3072x4096 at M = 32-120 took 0.99-1.18x the time (1.03x at 120), at 128 0.95x, at 144-176
+#   0.83-0.85x; 4096x4096 M = 104-128 1.03x, 1.00x and 0.98x. With more CTAs, from
+#   TWO_BLOCK_SPLIT_WAVE_MIN_M: 0.86-0.92x at M = 48-96 (2560x4096 M = 48 8.66 against 9.66), and
+#   at 24-40 rows 0.88-1.05x (blocks of 16-24 rows; race check);
+# - fewer CTAs than one block (the one-wave split of twice the tiles is lower than half): 3072x5120
+#   M = 96 1.09x (at 160 0.97x), 5120x3072 M = 128 1.04x; left out.
+# As the dispatch runs it now, 38 cells of the three races change, all faster: 0.77-0.98x, geometric
+# mean 0.87 (held out in race check: 2816x4096 M = 152 13.18 against 15.26, 1792x7168 M = 144 13.52
+# against 16.97). Given up: as many unsplit CTAs at M = 64-96 (6144x2048 M = 96 0.86x, 4608x2048 M = 64
+# and 96 0.92x and 0.91x, 4352x2048 M = 96 0.91x), next to 4608x2048 M = 32 at 1.11x.
+TWO_BLOCK_SPLIT_WAVE_MIN_M = 48
+TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M = 128
+
+
+def two_block_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The two-block split wave above, or None (no one-block split wave at its split floor, the
+    narrow split wave's cell, two blocks' tiles past one wave, or fewer CTAs than those limits ask)."""
+    one_block = split_wave_config(m, n, k, sm_count=sm_count)
+    tiles = 2 * (n // CTA_ROWS)
+    if one_block is None or m > SPLIT_WAVE_MAX_BLOCK_X or tiles > sm_count or k // one_block.split_k > SPLIT_WAVE_MIN_SPLIT_K:
+        return None
+    one_block_ctas = wgmma_ctas(one_block, m, n)
+    two_blocks = whole_tiles_config(x_block_rows(m, 2), k, split=one_wave_split(tiles, k, SPLIT_WAVE_MIN_SPLIT_K, sm_count))
+    if one_block_ctas <= FEW_CTAS_MAX_FILL * sm_count or two_blocks is None:
+        return None
+    ctas = wgmma_ctas(two_blocks, m, n)
+    more = ctas > one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_MIN_M
+    as_many = ctas == one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M
+    return two_blocks if more or as_many else None
+
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     """The x block and split of ``get_wgmma_config`` (see there)."""
     tight = tight_wgmma_config(m, n, k, sm_count=sm_count)

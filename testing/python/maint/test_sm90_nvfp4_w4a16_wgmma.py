@@ -88,6 +88,15 @@ def without_two_block_streamk():
 
 
 @pytest.fixture
+def without_two_block_split_wave():
+    """The dispatch without the two-block split wave under 177 rows (``wg.two_block_split_wave_config``),
+    which takes over cells of the split wave that the tests using this check against timings
+    committed before it."""
+    with dispatch_without(wg, "two_block_split_wave_config"):
+        yield
+
+
+@pytest.fixture
 def without_skinny():
     """The dispatch without the skinny kernel's rule for M <= 8 (``skinny.heuristic_config``), which
     comes first and was added after the wgmma rules that the tests using this check against their
@@ -762,7 +771,7 @@ SPLIT_WAVE_SPLITS = {
 }
 
 
-def test_heuristic_split_wave():
+def test_heuristic_split_wave(without_two_block_split_wave):
     """At M = 17-176, where the weight tiles number no more than the SMs and K is whole 128-deep
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
     the split of SPLIT_WAVE_SPLITS and the deepest pipeline a split's k tiles allow. Below
@@ -874,7 +883,7 @@ def test_heuristic_split_wave_against_the_committed_h200_race():
         assert times[chosen][1] <= 1.05 * min(us for _, us in times.values()), (n, k, m)
 
 
-def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs():
+def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs(without_two_block_split_wave):
     """From SMALL_M to 128 rows, the H200 races committed under results/ (3 rounds, every config
     checked against the FP32 reference): 'fit', the four untuned shapes at M = 64-128, which set the
     rule; 'check', nine other shapes at M = 64-128, which came after; and 'whole_64_row_blocks', five
@@ -922,7 +931,7 @@ def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs():
     assert not slower_untuned, slower_untuned
 
 
-def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_waves_in_16_row_steps):
+def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_waves_in_16_row_steps, without_two_block_split_wave):
     """Past 128 rows, the H200 race committed under results/ (3 rounds, every config checked against
     the FP32 reference): 'fit', the four untuned shapes at M = 144, 192 and 256 (the dispatch's
     config before, and one x block split or as stream-K, 128- and 64-deep); 'reach', the same shapes
@@ -1076,7 +1085,7 @@ def test_two_block_streamk_against_the_committed_h200_race():
     assert slower.keys() == {(32768, 8192, 305)} and max(slower.values()) < 1.02
 
 
-def test_heuristic_narrow_split_wave():
+def test_heuristic_narrow_split_wave(without_two_block_split_wave):
     """Where the split-K config the dispatch would run gives at most FEW_CTAS_MAX_FILL of the SMs a
     CTA (small N), the narrow split wave instead: ceil(M / 64) x blocks in 8-row steps, two consumer
     warpgroups, a producer, TMA, 128-deep k tiles, split as far as one wave holds down to
@@ -1112,6 +1121,72 @@ def test_heuristic_narrow_split_wave():
     assert isinstance(sk.heuristic_config(385, 2048, 8192, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
     assert wg.narrow_split_wave_config(64, 1024, 4160) is None  # K in 64-deep tiles only
 
+
+def test_heuristic_two_block_split_wave():
+    """Where the dispatch without it runs the one-block split wave (M <= 176) whose splits walk no
+    more than SPLIT_WAVE_MIN_SPLIT_K of K and fill more than FEW_CTAS_MAX_FILL of the SMs: two x blocks
+    in 8-row steps, split to fill one wave, as split-K (not stream-K), where they give more CTAs from
+    TWO_BLOCK_SPLIT_WAVE_MIN_M rows or as many from TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M. Nothing
+    else changes."""
+    changed = collections.Counter()
+    for n in (1024, 1536, 2048, 2560, 3072, 3584, 4096, 4608, 5120, 6144, 8192, 9216):
+        for k in (1024, 2048, 3072, 4096, 5120, 6144, 8192, 11008):
+            for m in range(wg.HEURISTIC_MIN_M, wg.SPLIT_WAVE_MAX_M + 1, 4):
+                with dispatch_without(wg, "two_block_split_wave_config"):
+                    before = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                if config == before:
+                    continue
+                assert m <= wg.SPLIT_WAVE_MAX_BLOCK_X and before == wg.split_wave_config(m, n, k), (m, n, k)
+                assert k // before.split_k <= wg.SPLIT_WAVE_MIN_SPLIT_K, (m, n, k)
+                assert type(config) is wg.WgmmaConfig and config.block_x == 8 * -(-m // 16), (m, n, k)
+                assert (config.block_k, config.tma_loads, config.warpgroups, config.producer) == (wg.DEEP_K, True, 2, True)
+                ctas, ctas_before = wg.wgmma_ctas(config, m, n), wg.wgmma_ctas(before, m, n)
+                assert wg.FEW_CTAS_MAX_FILL * 132 < ctas_before and ctas <= 132, (m, n, k)
+                if ctas > ctas_before:
+                    assert m >= wg.TWO_BLOCK_SPLIT_WAVE_MIN_M, (m, n, k)
+                    changed["more"] += 1
+                else:
+                    assert ctas == ctas_before and m >= wg.TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M, (m, n, k)
+                    changed["as many"] += 1
+                wg.check_wgmma_config(config, n, k)
+    assert changed["more"] > 100 and changed["as many"] > 20, changed
+    dispatch = lambda m, n, k: sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+    # 3072x4096: 24 tiles split 4 (8 k tiles each) became 48 split 2 from 128 rows
+    assert dispatch(144, 3072, 4096) == wg.WgmmaConfig(72, 128, 8, 2, True, 2, True)
+    assert dispatch(120, 3072, 4096) == wg.WgmmaConfig(120, 128, 5, 4, True, 2, True)
+    # 4608x2048 M = 128: 36 tiles split 2 became 72 unsplit (as many CTAs); at 96 rows not yet
+    assert dispatch(128, 4608, 2048) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
+    assert dispatch(96, 4608, 2048) == wg.WgmmaConfig(96, 128, 6, 2, True, 2, True)
+    # More CTAs from 48 rows (2560x4096: 80 become 120), not under it
+    assert dispatch(48, 2560, 4096) == wg.WgmmaConfig(24, 128, 10, 3, True, 2, True)
+    assert dispatch(40, 2560, 4096) == wg.WgmmaConfig(40, 128, 8, 4, True, 2, True)
+    # Not past the split floor (5120x4096: split 3 of 1365 k), not with fewer CTAs (3072x5120: 120
+    # become 96), not in the narrow split wave's cells (1536x4096: 48 CTAs)
+    assert dispatch(96, 5120, 4096) == wg.WgmmaConfig(96, 128, 6, 3, True, 2, True)
+    assert dispatch(96, 3072, 5120) == wg.WgmmaConfig(96, 128, 6, 5, True, 2, True)
+    assert dispatch(96, 1536, 4096) == wg.narrow_split_wave_config(96, 1536, 4096)
+
+
+def test_two_block_split_wave_against_the_committed_h200_race():
+    """The H200 races of 2026-12-02m (every config checked against the FP32 reference): the dispatch's
+    config was timed in every cell it changes and ran faster than 2975622's dispatch in all 38
+    (0.77-0.99x), within 4 % of the fastest config raced where the candidates were raced (mid_fill)."""
+    cells = race_cells("h200_ab_2026-12-02m_two_block_split_wave.json")
+    changed, ratios = collections.Counter(), []
+    for (race, n, k, m), times in cells.items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        was, was_us = times["dispatch"]
+        timed = dict(times.values())
+        if config == was:
+            continue
+        assert config in timed, (race, n, k, m)
+        changed[race] += 1
+        ratios.append(timed[config] / was_us)
+        if race == "mid_fill":
+            assert timed[config] <= 1.04 * min(timed.values()), (n, k, m)
+    assert changed == {"mid_fill": 16, "boundary": 15, "check": 7}
+    assert max(ratios) < 0.99 and min(ratios) > 0.75
 
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
     """At M = 113-120 the one-wave rule's 120-row tiles run as stream-K over 120 rows, not widened to
