@@ -460,6 +460,15 @@ def race_cells(*names: str) -> dict:
     return cells
 
 
+def changed_race_cells(name: str):
+    """``(race, n, k, m, config, was_us, timed)`` for each cell of a committed race whose dispatch
+    config (``config``) differs from its 'dispatch' row (timed at ``was_us``); ``timed``: config -> us."""
+    for (race, n, k, m), times in race_cells(name).items():
+        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        if config != times["dispatch"][0]:
+            yield race, n, k, m, config, times["dispatch"][1], dict(times.values())
+
+
 def test_whole_wave_rules_in_the_committed_untuned_runs(without_split_wave):
     """The untuned H200 benchmark runs before and after each whole-wave rule (all cells verified):
     every cell the two-wave rule takes (11008x4096 M = 304-512) and every cell the small-block one-wave
@@ -1021,14 +1030,8 @@ def test_narrow_split_wave_against_the_committed_h200_race():
     dispatch before in all 36 held-out cells (0.30-0.91x); of the 36 cells at a quarter to half fill
     it changes, slower only in three at M <= 64 where it halves a 1024-k split of the same block
     (1.03-1.05x)."""
-    cells = race_cells("h200_ab_2026-12-02l_narrow_split_wave.json")
     timed_changed, untimed, slower = collections.Counter(), collections.Counter(), {}
-    for (race, n, k, m), times in cells.items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        was, was_us = times["dispatch"]
-        timed = dict(times.values())
-        if config == was:
-            continue
+    for race, n, k, m, config, was_us, timed in changed_race_cells("h200_ab_2026-12-02l_narrow_split_wave.json"):
         if config not in timed:
             untimed[race] += 1
             continue
@@ -1042,6 +1045,23 @@ def test_narrow_split_wave_against_the_committed_h200_race():
     assert untimed == {"small_n_first": 17, "small_n_candidates": 5}
     assert slower.keys() == {(1024, 8192, 32), (1024, 8192, 64), (2048, 4096, 17)} and max(slower.values()) < 1.06
 
+
+def test_narrow_split_wave_over_the_same_block_against_the_committed_h200_race():
+    """The H200 race of 2026-12-02m over 15 cells at M <= 64 where the narrow split wave keeps the x
+    block of the dispatch without it and doubles its 1024-k split (32-64 CTAs): it stays the dispatch
+    there, faster in ten (0.85-0.98x) and slower in five, by 1.07x at most, three of them at split 16
+    (512x8192 M = 32, 1024x8192 M = 17 and 48) and two at 8 and 12 where the same split won at
+    another M or N (1536x4096 M = 17 against M = 48; 768x6144 against 1024x6144)."""
+    slower, changed = {}, 0
+    for race, n, k, m, config, was_us, timed in changed_race_cells("h200_ab_2026-12-02m_narrow_split_wave_same_block.json"):
+        assert config == wg.narrow_split_wave_config(m, n, k) and config in timed, (n, k, m)
+        changed += 1
+        if timed[config] > was_us:
+            slower[(n, k, m)] = (config.split_k, timed[config] / was_us)
+    assert changed == 15
+    assert {key: split for key, (split, _) in slower.items()} == {
+        (512, 8192, 32): 16, (1024, 8192, 17): 16, (1024, 8192, 48): 16, (1536, 4096, 17): 8, (768, 6144, 32): 12}
+    assert max(ratio for _, ratio in slower.values()) < 1.07
 
 def test_heuristic_two_block_streamk():
     """At M = 257-352, where two x blocks give more tiles than SMs and K is whole 128-deep tiles:
@@ -1067,15 +1087,9 @@ def test_two_block_streamk_against_the_committed_h200_race():
     (six shapes at M = 272, 304, 352) the dispatch's config was the fastest raced in every cell it
     changes (16), the same blocks 64 deep and the old blocks 128 deep slower; held out (twelve shapes
     at M = 257-345), faster than the dispatch before in 23 of 24 cells, 1.013x on 32768x8192 M = 305."""
-    cells = race_cells("h200_ab_2026-12-02l_two_block_streamk.json")
     changed, slower = collections.Counter(), {}
-    for (race, n, k, m), times in cells.items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        was, was_us = times["dispatch"]
-        timed = dict(times.values())
+    for race, n, k, m, config, was_us, timed in changed_race_cells("h200_ab_2026-12-02l_two_block_streamk.json"):
         assert config in timed, (race, n, k, m)
-        if config == was:
-            continue
         changed[race] += 1
         if race == "fit":
             assert timed[config] == min(timed.values()), (n, k, m)
@@ -1172,14 +1186,8 @@ def test_two_block_split_wave_against_the_committed_h200_race():
     """The H200 races of 2026-12-02m (every config checked against the FP32 reference): the dispatch's
     config was timed in every cell it changes and ran faster than 2975622's dispatch in all 38
     (0.77-0.99x), within 4 % of the fastest config raced where the candidates were raced (mid_fill)."""
-    cells = race_cells("h200_ab_2026-12-02m_two_block_split_wave.json")
     changed, ratios = collections.Counter(), []
-    for (race, n, k, m), times in cells.items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-        was, was_us = times["dispatch"]
-        timed = dict(times.values())
-        if config == was:
-            continue
+    for race, n, k, m, config, was_us, timed in changed_race_cells("h200_ab_2026-12-02m_two_block_split_wave.json"):
         assert config in timed, (race, n, k, m)
         changed[race] += 1
         ratios.append(timed[config] / was_us)
