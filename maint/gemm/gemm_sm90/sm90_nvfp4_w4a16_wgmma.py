@@ -759,7 +759,7 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
 
 # The two-block split wave. Where the split wave runs one x block (M <= SPLIT_WAVE_MAX_BLOCK_X) whose
 # splits stop at SPLIT_WAVE_MIN_SPLIT_K of K (eight 128-deep k tiles a CTA: the pipeline's fill and
-# the exchange of up to four to eight partials of all M rows outweigh so short a k loop), the same
+# the split-K exchange of all M rows weigh heavily against so short a k loop), the same
 # rule over two x blocks of half the rows, split to fill one wave: at most half the split, twice the
 # k tiles per CTA, each weight tile dequantized twice. Where the narrow split wave takes the cell
 # (FEW_CTAS_MAX_FILL) it stays. H200, 2026-12-02m (results/h200_ab_2026-12-02m_two_block_split_wave.json,
@@ -771,7 +771,8 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
 #   stream-K of 72-96 CTAs of unsplit tiles: 4608x2048 M = 128 13.61 against 10.71);
 # - where one block's split is not at that floor, two blocks lost whatever the fill (5120x4096 M = 96
 #   1.21x, split 3 of 1365 k; 3072x8192 M = 128 1.18x; 7168x4096, 4096x11008, 6144x4096 and 6144x6144
-#   1.01-1.26x; 2560x8192 0.98-1.02x), and where it is they won at 97 % fill too (4096x4096 M = 144 13.82 against 15.46);
+#   1.01-1.26x; 2560x8192 0.98-1.02x), and where it is they won at 97 % fill too (4096x4096 M = 144
+#   13.82 against 15.46);
 # - with as many CTAs as one block (the split halves), from TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M rows:
 #   3072x4096 at M = 32-120 took 0.99-1.18x the time (1.03x at 120), at 128 0.95x, at 144-176
 #   0.83-0.85x; 4096x4096 M = 104-128 1.03x, 1.00x and 0.98x. With more CTAs, from
@@ -802,6 +803,7 @@ def two_block_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) 
     more = ctas > one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_MIN_M
     as_many = ctas == one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M
     return two_blocks if more or as_many else None
+
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:
     """The x block and split of ``get_wgmma_config`` (see there)."""
