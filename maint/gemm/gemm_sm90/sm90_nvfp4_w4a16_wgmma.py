@@ -773,24 +773,27 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
 #   1.21x, split 3 of 1365 k; 3072x8192 M = 128 1.18x; 7168x4096, 4096x11008, 6144x4096 and 6144x6144
 #   1.01-1.26x; 2560x8192 0.98-1.02x), and where it is they won at 97 % fill too (4096x4096 M = 144
 #   13.82 against 15.46);
-# - with as many CTAs as one block (the split halves), from TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M rows:
-#   3072x4096 at M = 32-120 took 0.99-1.18x the time (1.03x at 120), at 128 0.95x, at 144-176
-#   0.83-0.85x; 4096x4096 M = 104-128 1.03x, 1.00x and 0.98x. With more CTAs, from
-#   TWO_BLOCK_SPLIT_WAVE_MIN_M: 0.86-0.92x at M = 48-96 (2560x4096 M = 48 8.66 against 9.66), and
-#   at 24-40 rows 0.88-1.05x (blocks of 16-24 rows; race check);
+# - with as many CTAs as one block, still split (the split halves), from
+#   TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M rows: 3072x4096 at M = 32-120 took 0.99-1.18x the time
+#   (1.03x at 120), at 128 0.95x, at 144-176 0.83-0.85x; 4096x4096 M = 104-128 1.03x, 1.00x and
+#   0.98x. With more CTAs, or as many unsplit (no exchange left), from TWO_BLOCK_SPLIT_WAVE_MIN_M:
+#   more CTAs 0.86-0.92x at M = 48-96 (2560x4096 M = 48 8.66 against 9.66) and 0.88-1.05x at 24-40
+#   rows (blocks of 16-24 rows; race check); unsplit at K = 2048 (race unsplit and the others)
+#   0.95-0.97x at M = 48-56, 0.86-0.93x at 64-96 (6144x2048 M = 96 9.99 against 11.65), 1.01x at 40
+#   and 1.11x at 32 (4608x2048);
 # - fewer CTAs than one block (the one-wave split of twice the tiles is lower than half): 3072x5120
 #   M = 96 1.09x (at 160 0.97x), 5120x3072 M = 128 1.04x; left out.
-# As the dispatch runs it now, 38 cells of the three races change, all faster: 0.77-0.98x, geometric
-# mean 0.87 (held out in race check: 2816x4096 M = 152 13.18 against 15.26, 1792x7168 M = 144 13.52
-# against 16.97). Given up: as many unsplit CTAs at M = 64-96 (6144x2048 M = 96 0.86x, 4608x2048 M = 64
-# and 96 0.92x and 0.91x, 4352x2048 M = 96 0.91x), next to 4608x2048 M = 32 at 1.11x.
+# As the dispatch runs it now, 52 cells of the four races change, all faster: 0.77-0.98x, geometric
+# mean 0.88 (held out in race check: 2816x4096 M = 152 13.18 against 15.26, 1792x7168 M = 144 13.52
+# against 16.97).
 TWO_BLOCK_SPLIT_WAVE_MIN_M = 48
 TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M = 128
 
 
 def two_block_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The two-block split wave above, or None (no one-block split wave at its split floor, the
-    narrow split wave's cell, two blocks' tiles past one wave, or fewer CTAs than those limits ask)."""
+    narrow split wave's cell, two blocks' tiles past one wave, fewer CTAs, or fewer rows than their
+    limits ask)."""
     one_block = split_wave_config(m, n, k, sm_count=sm_count)
     tiles = 2 * (n // CTA_ROWS)
     if one_block is None or m > SPLIT_WAVE_MAX_BLOCK_X or tiles > sm_count or k // one_block.split_k > SPLIT_WAVE_MIN_SPLIT_K:
@@ -800,9 +803,9 @@ def two_block_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) 
     if one_block_ctas <= FEW_CTAS_MAX_FILL * sm_count or two_blocks is None:
         return None
     ctas = wgmma_ctas(two_blocks, m, n)
-    more = ctas > one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_MIN_M
-    as_many = ctas == one_block_ctas and m >= TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M
-    return two_blocks if more or as_many else None
+    still_split = ctas == one_block_ctas and two_blocks.split_k > 1
+    min_m = TWO_BLOCK_SPLIT_WAVE_SAME_CTAS_MIN_M if still_split else TWO_BLOCK_SPLIT_WAVE_MIN_M
+    return two_blocks if ctas >= one_block_ctas and m >= min_m else None
 
 
 def _x_blocks_for(m: int, n: int, k: int, sm_count: int) -> WgmmaConfig:

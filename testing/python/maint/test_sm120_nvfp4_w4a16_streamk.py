@@ -214,12 +214,12 @@ GRAPH_CONFIGS = {
 # steps, 720 rows as four of 184 (four stages); the narrow split wave (hopper.narrow_split_wave_config)
 # at 20 rows of 640x2304 (split 4), over three 64-row blocks split 5 (32 k tiles: uneven) and over
 # seven split 16 on one weight tile; stream-K over two 136-row x blocks 128 deep (sk.TWO_BLOCK_STREAMK_MIN_M);
-# the two-block split wave (hopper.two_block_split_wave_config) split 2 and unsplit.
+# the two-block split wave (hopper.two_block_split_wave_config) split 2 and unsplit (128 and 64 rows).
 DISPATCH_CASES = [
     (1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408),
     (40, 4096, 4096), (20, 640, 2304), (17, 128, 512), (33, 11008, 4096), (72, 4096, 11008), (96, 6144, 4096),
     (144, 4096, 11008), (136, 6144, 4096), (168, 2560, 8192), (201, 4096, 11008), (200, 3072, 4096), (720, 4096, 4096),
-    (192, 1024, 4096), (400, 128, 8192), (272, 11008, 4096), (144, 3072, 4096), (128, 4608, 2048),
+    (192, 1024, 4096), (400, 128, 8192), (272, 11008, 4096), (144, 3072, 4096), (128, 4608, 2048), (64, 6144, 2048),
 ]  # fmt: skip
 
 
