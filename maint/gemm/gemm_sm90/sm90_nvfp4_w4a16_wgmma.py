@@ -703,20 +703,29 @@ def split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optiona
     """The split-wave config above for ``HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M``, else None (more
     weight tiles than SMs, K not in whole 128-deep tiles, too few stages, or two x blocks outside
     their limits)."""
+    if not HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M:
+        return None
     x_blocks = -(-m // SPLIT_WAVE_MAX_BLOCK_X)
-    tiles = n // CTA_ROWS * x_blocks
-    if not HEURISTIC_MIN_M <= m <= SPLIT_WAVE_MAX_M or tiles > sm_count or k % DEEP_K:
+    config = one_wave_split_config(m, n, k, x_blocks, SPLIT_WAVE_MIN_SPLIT_K, sm_count)
+    if config is None or (x_blocks > 1 and not SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K <= k // config.split_k <= SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K):
         return None
-    split = one_wave_split(tiles, k, SPLIT_WAVE_MIN_SPLIT_K, sm_count)
-    if x_blocks > 1 and not SPLIT_WAVE_TWO_BLOCKS_MIN_SPLIT_K <= k // split <= SPLIT_WAVE_TWO_BLOCKS_MAX_SPLIT_K:
-        return None
-    return whole_tiles_config(x_block_rows(m, x_blocks), k, split=split)
+    return config
 
 
 def one_wave_split(tiles: int, k: int, min_split_k: int, sm_count: int) -> int:
     """The largest split (up to the example's MAX_SPLIT_K) whose CTAs still find an SM each and keep
     ``min_split_k`` of K per split; 1 where none does."""
     return max(s for s in range(1, example.MAX_SPLIT_K + 1) if s == 1 or (tiles * s <= sm_count and k // s >= min_split_k))
+
+
+def one_wave_split_config(m: int, n: int, k: int, x_blocks: int, min_split_k: int, sm_count: int) -> Optional[WgmmaConfig]:
+    """M cut into ``x_blocks`` x blocks (``x_block_rows``), each weight tile split by ``one_wave_split``:
+    the config of the split-wave rules (``whole_tiles_config``); None where K is not whole 128-deep
+    tiles, the tiles outnumber the SMs, or a split's k tiles hold too few stages."""
+    tiles = n // CTA_ROWS * x_blocks
+    if k % DEEP_K or tiles > sm_count:
+        return None
+    return whole_tiles_config(x_block_rows(m, x_blocks), k, split=one_wave_split(tiles, k, min_split_k, sm_count))
 
 
 # The narrow split wave. Where the rules above leave most SMs idle (small N; the stream-K module's
@@ -749,12 +758,7 @@ NARROW_SPLIT_MIN_K_TILES = ONE_WAVE_MIN_STAGES
 def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
     """The narrow split wave above, or None (K not in whole 128-deep tiles or under four of them,
     more tiles than SMs)."""
-    x_blocks = -(-m // NARROW_BLOCK_X)
-    tiles = n // CTA_ROWS * x_blocks
-    if k % DEEP_K or tiles > sm_count:
-        return None
-    split = one_wave_split(tiles, k, NARROW_SPLIT_MIN_K_TILES * DEEP_K, sm_count)
-    return whole_tiles_config(x_block_rows(m, x_blocks), k, split=split)
+    return one_wave_split_config(m, n, k, -(-m // NARROW_BLOCK_X), NARROW_SPLIT_MIN_K_TILES * DEEP_K, sm_count)
 
 
 # The two-block split wave. Where the split wave runs one x block (M <= SPLIT_WAVE_MAX_BLOCK_X) whose
@@ -795,12 +799,13 @@ def two_block_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) 
     narrow split wave's cell, two blocks' tiles past one wave, fewer CTAs, or fewer rows than their
     limits ask)."""
     one_block = split_wave_config(m, n, k, sm_count=sm_count)
-    tiles = 2 * (n // CTA_ROWS)
-    if one_block is None or m > SPLIT_WAVE_MAX_BLOCK_X or tiles > sm_count or k // one_block.split_k > SPLIT_WAVE_MIN_SPLIT_K:
+    if one_block is None or m > SPLIT_WAVE_MAX_BLOCK_X or k // one_block.split_k > SPLIT_WAVE_MIN_SPLIT_K:
         return None
     one_block_ctas = wgmma_ctas(one_block, m, n)
-    two_blocks = whole_tiles_config(x_block_rows(m, 2), k, split=one_wave_split(tiles, k, SPLIT_WAVE_MIN_SPLIT_K, sm_count))
-    if one_block_ctas <= FEW_CTAS_MAX_FILL * sm_count or two_blocks is None:
+    if one_block_ctas <= FEW_CTAS_MAX_FILL * sm_count:
+        return None
+    two_blocks = one_wave_split_config(m, n, k, 2, SPLIT_WAVE_MIN_SPLIT_K, sm_count)
+    if two_blocks is None:
         return None
     ctas = wgmma_ctas(two_blocks, m, n)
     still_split = ctas == one_block_ctas and two_blocks.split_k > 1
