@@ -448,7 +448,8 @@ WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 # against 538.9; before both they had lost 6-20 %, 2026-11-30e). Where they do not, the dispatch runs
 # them as stream-K, which lost 9 of the 11 cells timed to what it makes of one warpgroup's blocks (by
 # up to 16 %: 4096x4096 M = 512, 37.2 against 32.1) and won 2 by 8 % (M = 512 on 11008x4096 and
-# 4096x11008; same timings). The config is the tight x block, no
+# 4096x11008; same timings); where one warpgroup's blocks run past one wave, later races say otherwise
+# (TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES below). The config is the tight x block, no
 # split, the deepest pipeline that one CTA per SM holds (registers allow no second); the dispatch
 # turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
 # the H200 tuner timings (2026-11-30e, five shapes, before the producer warpgroup; in-sample): 1.016x
@@ -472,8 +473,18 @@ HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
 #   11008x4096 M = 272 and 304 (258 tiles of 96 and 112 rows for 264 slots) lost 20-25 % on two
 #   warpgroups (172 tiles over 132 SMs). Where two warpgroups' tiles spread evenly they keep them
 #   (16384x5120 M = 144-256: 128 tiles, 5-10 % faster than one warpgroup's 256).
+# Past 256 rows, where one warpgroup's 128-row blocks run more than one wave of two CTAs per SM and at
+# most TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES, two warpgroups' tight blocks take the shape even
+# where their tiles load the SMs unevenly (the dispatch makes them stream-K): the partial second wave
+# of 128-row blocks costs more than stream-K's fix-ups. H200, 2026-12-02n (results/h200_ab_2026-12-02n_
+# large_m.json, 3 rounds, every config checked against the FP32 reference, 50f8361's dispatch against
+# this one): 0.75-0.98x the time in 15 of the 16 cells it decides on nine shapes of 48-148 weight tiles
+# at M = 369-1024 (12288x8192 M = 449 124.47 us against 165.52; 6144x8192 M = 897 125.84 against
+# 163.24), 1.013x on 10240x4096 M = 481 (stream-K over 256-row blocks against 128-row ones). Past two
+# waves no race has timed it against today's kernels.
 TWO_WARPGROUP_MIN_K_TILES_PER_SM = 20
 ONE_WAVE_MIN_FILL = 0.95
+TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES = 2
 
 
 def two_warpgroup_tiles_load_sms_unevenly(m: int, n: int, k: int, sm_count: int) -> bool:
@@ -495,7 +506,8 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
     uneven = two_warpgroup_tiles_load_sms_unevenly(m, n, k, sm_count)
     if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
         return False
-    return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X or not uneven
+    past_one_wave = 1 < _tiles(m, n, one.block_x) / slots <= TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES
+    return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X or not uneven or past_one_wave
 
 
 # Two consumer warpgroups take a producer warpgroup: on the H200 (2026-11-30i, the tuner's --twins on
@@ -557,6 +569,14 @@ ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X = 24
 ONE_WAVE_MAX_K = 6144
 ONE_WAVE_DEEP_K_MIN_BLOCK_X = 120
 ONE_WAVE_MIN_STAGES = 4
+# Over 176 rows 128-deep tiles hold fewer than ONE_WAVE_MIN_STAGES stages; there the one wave takes
+# 64-deep tiles (up to MAX_BLOCK_X rows) where its tiles fill at least WIDE_ONE_WAVE_MIN_FILL of the
+# SMs. H200, 2026-12-02n (results/h200_ab_2026-12-02n_large_m.json, as above): 0.83-0.98x the time of
+# 50f8361's dispatch in all 19 cells it decides on eleven shapes of 24-64 weight tiles at M = 449-1024
+# (7168x4096 M = 577 48.71 us against 58.45 for stream-K; 3072x4096 M = 929 32.99 against 39.54;
+# 5120x4096 M = 833 47.16 against 55.42). Below the fill it lost or tied: 4608x4096 (36 tiles in three
+# blocks, 0.82) M = 897 1.05x and M = 705 0.97x; 6144x4096 and 6144x6144 (0.73) M = 608 1.01-1.02x.
+WIDE_ONE_WAVE_MIN_FILL = 0.84
 
 
 # Two whole waves. Where one x block's tiles spread unevenly (the dispatch makes them stream-K) or
@@ -600,12 +620,16 @@ def whole_tiles_config(block_x: int, k: int, block_k: int = DEEP_K, min_stages: 
 def one_wave_config(m: int, n: int, k: int, *, sm_count: int = 132, over_one_warpgroup: bool = False) -> Optional[WgmmaConfig]:
     """The heuristic's one-wave config within the limits above (``ONE_WAVE_MIN_BLOCK_X``; with
     ``over_one_warpgroup``, the dispatch's alternative being one warpgroup above SMALL_M rows,
-    ``ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X``), else None."""
+    ``ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X``), 128 deep, or 64 deep where 128-deep tiles hold too
+    few stages and the tiles fill ``WIDE_ONE_WAVE_MIN_FILL`` of the SMs; else None."""
     block_x = whole_waves_block_x(m, n, sm_count) if k % DEEP_K == 0 else None
     min_block_x = ONE_WAVE_OVER_ONE_WARPGROUP_MIN_BLOCK_X if over_one_warpgroup and m > SMALL_M else ONE_WAVE_MIN_BLOCK_X
     if block_x is None or block_x < min_block_x or (k > ONE_WAVE_MAX_K and block_x < ONE_WAVE_DEEP_K_MIN_BLOCK_X):
         return None
-    return whole_tiles_config(block_x, k)
+    config = whole_tiles_config(block_x, k)
+    if config is None and _tiles(m, n, block_x) >= WIDE_ONE_WAVE_MIN_FILL * sm_count:
+        config = whole_tiles_config(block_x, k, block_k=SWIZZLE_K)
+    return config
 
 
 def two_waves_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:

@@ -97,6 +97,16 @@ def without_two_block_split_wave():
 
 
 @pytest.fixture
+def before_the_large_m_rules():
+    """The dispatch without the wide one wave (``wg.WIDE_ONE_WAVE_MIN_FILL`` past any fill) and without
+    two warpgroups past one wave of 128-row blocks (``wg.TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES``
+    1), which take over cells of the rules that the tests using this check against timings committed
+    before them."""
+    with patched_dispatch(wg, WIDE_ONE_WAVE_MIN_FILL=float("inf"), TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES=1):
+        yield
+
+
+@pytest.fixture
 def without_skinny():
     """The dispatch without the skinny kernel's rule for M <= 8 (``skinny.heuristic_config``), which
     comes first and was added after the wgmma rules that the tests using this check against their
@@ -381,7 +391,7 @@ def test_heuristic_one_wave_of_whole_tiles_and_its_limits():
             wg.check_wgmma_config(c, 3072, 4096)
 
 
-def test_one_wave_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps):
+def test_one_wave_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps, before_the_large_m_rules):
     """The one-wave rule was read off the H200 probes committed under results/ (each config raced
     and verified beside the dispatch's without the rule): every cell it takes there ran faster with
     it, and in the untuned benchmark runs before and after it every cell it takes got faster."""
@@ -399,7 +409,7 @@ def test_one_wave_rule_against_the_committed_h200_timings(whole_waves_in_16_row_
     assert len(ratios) == 22 and max(ratios) < 0.99
 
 
-def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup(whole_waves_in_16_row_steps):
+def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup(whole_waves_in_16_row_steps, before_the_large_m_rules):
     """Where the dispatch would run stream-K or one warpgroup, M cut into as many x blocks as two
     waves hold, where their tiles fill 95 % of both waves with blocks of 112-176 rows
     (``wg.TWO_WAVES_MIN_FILL``); never over an even wave of two warpgroups."""
@@ -420,7 +430,7 @@ def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup(whole_waves_in
                 wg.check_wgmma_config(c, n, k)
 
 
-def test_two_waves_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps):
+def test_two_waves_rule_against_the_committed_h200_timings(whole_waves_in_16_row_steps, before_the_large_m_rules):
     """The two-wave rule was read off the H200 probe committed under results/ (each config raced and
     verified beside the dispatch's): in each of the six cells the dispatch takes it, the two-wave
     config was the fastest."""
@@ -662,7 +672,8 @@ def test_heuristic_x_block_is_the_tightest_cover(without_split_wave):
 
 def test_heuristic_two_warpgroups():
     """Two warpgroups above 128 rows: always up to 256, and beyond where one warpgroup's blocks would
-    be under 128 rows or where two warpgroups' tiles load the SMs evenly; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
+    be under 128 rows, where two warpgroups' tiles load the SMs evenly, or where one warpgroup's
+    tiles run one to two waves of two CTAs per SM; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
     the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``), each with the
     producer warpgroup (``TWO_WARPGROUP_PRODUCER``). The two shapes
     here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception.
@@ -678,7 +689,8 @@ def test_heuristic_two_warpgroups():
                 continue
             one = wg.tight_wgmma_config(m, n, k)
             even = not wg.two_warpgroup_tiles_load_sms_unevenly(m, n, k, 132)
-            assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X or even)), (m, n, k, c)
+            past_one_wave = 264 < n // 128 * -(-m // one.block_x) <= 2 * 264
+            assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X or even or past_one_wave)), (m, n, k, c)
             if c.warpgroups == 2:
                 assert c == wg.WgmmaConfig(c.block_x, 64, min(wg.deepest_stages(c.block_x, ctas_per_sm=1), k // 64), 1, True, 2, True)
             dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
@@ -697,7 +709,7 @@ def test_heuristic_two_warpgroups():
     assert wg.get_wgmma_config(512, 5120, 6144).warpgroups == 1
 
 
-def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_split_wave, without_two_block_streamk):
+def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave, without_split_wave, without_two_block_streamk, before_the_large_m_rules):
     """From M = 64 the dispatch's wgmma stream-K runs two consumer warpgroups with a producer
     (sk.STREAMK_TWO_WARPGROUPS_MIN_M). The two committed H200 runs of the untuned shapes, before (one
     warpgroup) and after, both verified, time each of the 21 cells where that changes the dispatch
@@ -730,6 +742,69 @@ def test_heuristic_two_warpgroup_exceptions(without_split_wave):
     assert all(wg.get_wgmma_config(m, 640, 2304).warpgroups == 1 for m in range(129, nv.MAX_M_PER_LAUNCH + 1, 16))
 
 
+def test_heuristic_two_warpgroups_past_one_wave_of_128_row_blocks():
+    """Past 256 rows, where one warpgroup's 128-row blocks would run one to two waves of two CTAs per
+    SM, two warpgroups' tight blocks, as stream-K where their tiles load the SMs unevenly; past two
+    waves one warpgroup stays (``wg.TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES``)."""
+    def dispatch(m, n, k):
+        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+
+    assert dispatch(833, 6144, 4096) == sk.WgmmaStreamKConfig(224, 64, 4, 1, True, 2, True)  # 7 x 48 = 336 blocks of 128 rows
+    assert dispatch(449, 12288, 8192) == sk.WgmmaStreamKConfig(240, 64, 4, 1, True, 2, True)  # 4 x 96 = 384
+    assert wg.get_wgmma_config(608, 6144, 4096).warpgroups == 1  # 5 x 48 = 240: one wave
+    assert wg.get_wgmma_config(512, 18944, 4096).warpgroups == 1  # 4 x 148 = 592: past two waves
+    two = {True: 0, False: 0}
+    for m in range(wg.SPLIT_WAVE_MAX_M + 1, nv.MAX_M_PER_LAUNCH + 1, 8):  # the split wave comes first up to there
+        for n in (6144, 7168, 10240, 12288, 18944):
+            one = wg.tight_wgmma_config(m, n, 4096)
+            waves = n // 128 * -(-m // one.block_x) / 264
+            if one.block_x == wg.TMA_BLOCK_X and wg.two_warpgroup_tiles_load_sms_unevenly(m, n, 4096, 132):
+                assert (wg.get_wgmma_config(m, n, 4096).warpgroups == 2) == (1 < waves <= 2), (m, n)
+                two[1 < waves <= 2] += 1
+    assert min(two.values()) >= 10, two
+
+
+def test_heuristic_wide_one_wave():
+    """Where the one wave's x blocks are too wide for four 128-deep stages (over 176 rows), 64-deep
+    tiles of up to 352 rows, where the tiles fill at least 84 % of the SMs (``wg.WIDE_ONE_WAVE_MIN_FILL``)."""
+    def dispatch(m, n, k):
+        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+
+    assert dispatch(929, 3072, 4096) == wg.WgmmaConfig(192, 64, 7, 1, True, 2, True)  # 5 x 24 = 120 tiles
+    assert dispatch(1017, 5120, 4096) == wg.WgmmaConfig(344, 64, 4, 1, True, 2, True)  # 3 x 40 = 120
+    assert dispatch(577, 7168, 4096) == wg.WgmmaConfig(296, 64, 5, 1, True, 2, True)  # 2 x 56 = 112: 85 %
+    assert wg.one_wave_config(897, 4608, 4096) is None  # 3 x 36 = 108 tiles: 82 %
+    assert wg.one_wave_config(705, 6144, 4096) is None  # 2 x 48 = 96: 73 %
+    wide = 0
+    for m in range(177, nv.MAX_M_PER_LAUNCH + 1, 8):
+        for n, k in ((3072, 4096), (4096, 14336), (5120, 8192), (6144, 4096), (7168, 4096), (8192, 2048)):
+            c = wg.one_wave_config(m, n, k)
+            if c is not None and c.block_k == wg.SWIZZLE_K:
+                assert wg.whole_tiles_config(c.block_x, k) is None and c == wg.whole_tiles_config(c.block_x, k, block_k=wg.SWIZZLE_K)
+                assert n // 128 * -(-m // c.block_x) >= 0.84 * 132 and 176 < c.block_x <= wg.MAX_BLOCK_X, (m, n, k, c)
+                wg.check_wgmma_config(c, n, k)
+                wide += 1
+    assert wide > 100
+
+
+def test_large_m_rules_against_the_committed_h200_race():
+    """The H200 races committed under results/ (3 rounds, every config checked against the FP32
+    reference) hold 50f8361's dispatch ('dispatch') and, in 'rules', the configs of the wide one
+    wave and of two warpgroups past one wave of 128-row blocks. 39 cells change; the 35 of them
+    that timed the new config all ran faster but 10240x4096 M = 481 (1.013x: stream-K over 256-row
+    blocks against 128-row ones)."""
+    changed, timed_faster, slower = 0, 0, {}
+    for race, n, k, m, config, was_us, timed in changed_race_cells("h200_ab_2026-12-02n_large_m.json"):
+        changed += 1
+        if config in timed:
+            if timed[config] < was_us:
+                timed_faster += 1
+            else:
+                slower[(n, k, m)] = timed[config] / was_us
+    assert changed == 39 and timed_faster == 34
+    assert slower.keys() == {(10240, 4096, 481)} and max(slower.values()) < 1.02
+
+
 def test_heuristic_loads_by_tma_from_tma_block_x():
     """TMA won with 128-row x blocks and lost with smaller ones (H200): the loader follows the block,
     except under the split-wave rule's producer warpgroup, which loads by TMA only."""
@@ -742,11 +817,11 @@ def test_heuristic_loads_by_tma_from_tma_block_x():
 
 
 def test_heuristic_deepens_tma_configs_whose_ctas_each_get_an_sm(without_split_wave):
-    """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 344 (11008x4096
+    """128 CTAs of 128-row TMA blocks (16384x5120 M = 128) take LONE_CTA_TMA_STAGES; 592 (18944x4096
     M = 512) share SMs and keep the default; cp.async configs keep it too. (The split-wave rule
     comes first up to 128 rows; this rule decides past them, e.g. 2048x4096 at M = 561-1024.)"""
     assert wg.get_wgmma_config(128, 16384, 5120) == wg.WgmmaConfig(128, 64, wg.LONE_CTA_TMA_STAGES, 1, True)
-    assert wg.get_wgmma_config(512, 11008, 4096).stages == wg.DEFAULT_STAGES
+    assert wg.get_wgmma_config(512, 18944, 4096) == wg.WgmmaConfig(128, 64, wg.DEFAULT_STAGES, 1, True)
     assert wg.get_wgmma_config(96, 16384, 5120).stages == wg.DEFAULT_STAGES  # 96-row blocks load by cp.async
     for m in range(wg.SMALL_M, nv.MAX_M_PER_LAUNCH + 1, 29):
         for n, k in ((16384, 5120), (640, 2304), (5120, 1024)):
@@ -975,7 +1050,7 @@ def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_
     assert len(changed) == 4 and all(after[key] < 0.95 * before[key] for key in changed)
 
 
-def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race(without_narrow_split_wave):
+def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race(without_narrow_split_wave, before_the_large_m_rules):
     """The H200 race committed under results/ (3 rounds, every config checked against the FP32
     reference) holds, per cell, the dispatch's config as committed before the split wave reached 352
     rows and its whole-wave blocks came in 8-row steps ('dispatch'), and the configs of the rule as
