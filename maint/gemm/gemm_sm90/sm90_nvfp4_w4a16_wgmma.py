@@ -449,7 +449,7 @@ WGMMA_STREAMK_MIN_IMBALANCE = 1.2
 # them as stream-K, which lost 9 of the 11 cells timed to what it makes of one warpgroup's blocks (by
 # up to 16 %: 4096x4096 M = 512, 37.2 against 32.1) and won 2 by 8 % (M = 512 on 11008x4096 and
 # 4096x11008; same timings); where one warpgroup's blocks run past one wave, later races say otherwise
-# (TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES below). The config is the tight x block, no
+# (ONE_WARPGROUP_MAX_WAVES below). The config is the tight x block, no
 # split, the deepest pipeline that one CTA per SM holds (registers allow no second); the dispatch
 # turns it into stream-K where its CTAs load the SMs unevenly. On the 75 cells at M = 144-1024 of
 # the H200 tuner timings (2026-11-30e, five shapes, before the producer warpgroup; in-sample): 1.016x
@@ -473,18 +473,20 @@ HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
 #   11008x4096 M = 272 and 304 (258 tiles of 96 and 112 rows for 264 slots) lost 20-25 % on two
 #   warpgroups (172 tiles over 132 SMs). Where two warpgroups' tiles spread evenly they keep them
 #   (16384x5120 M = 144-256: 128 tiles, 5-10 % faster than one warpgroup's 256).
-# Past 256 rows, where one warpgroup's 128-row blocks run more than one wave of two CTAs per SM and at
-# most TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES, two warpgroups' tight blocks take the shape even
-# where their tiles load the SMs unevenly (the dispatch makes them stream-K): the partial second wave
-# of 128-row blocks costs more than stream-K's fix-ups. H200, 2026-12-02n (results/h200_ab_2026-12-02n_
-# large_m.json, 3 rounds, every config checked against the FP32 reference, 50f8361's dispatch against
-# this one): 0.75-0.98x the time in 15 of the 16 cells it decides on nine shapes of 48-148 weight tiles
+# Past 256 rows, one warpgroup keeps 128-row blocks only where they fit ONE_WARPGROUP_MAX_WAVES wave of
+# two CTAs per SM; past it two warpgroups' tight blocks take the shape even where their tiles load the
+# SMs unevenly (the dispatch makes them stream-K): a partial second wave of 128-row blocks costs more
+# than stream-K's fix-ups. H200, 2026-12-02n (results/h200_ab_2026-12-02n_large_m.json, 3 rounds, every
+# config checked against the FP32 reference): against 50f8361's dispatch, where one warpgroup's blocks
+# ran one to two waves, 0.75-0.98x the time in 15 of 16 cells on nine shapes of 48-148 weight tiles
 # at M = 369-1024 (12288x8192 M = 449 124.47 us against 165.52; 6144x8192 M = 897 125.84 against
-# 163.24), 1.013x on 10240x4096 M = 481 (stream-K over 256-row blocks against 128-row ones). Past two
-# waves no race has timed it against today's kernels.
+# 163.24), 1.013x on 10240x4096 M = 481 (stream-K over 256-row blocks against 128-row ones); then
+# past two waves ('past_two_waves'), 0.75-0.92x in 10 of 11 cells on seven shapes of 80-272 tiles
+# at M = 384-1024 (10240x4096 M = 832 95.35 against 126.66; 34816x4096 M = 480 185.17 against
+# 232.02), 1.002x on 13824x4096 M = 640.
 TWO_WARPGROUP_MIN_K_TILES_PER_SM = 20
 ONE_WAVE_MIN_FILL = 0.95
-TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES = 2
+ONE_WARPGROUP_MAX_WAVES = 1
 
 
 def two_warpgroup_tiles_load_sms_unevenly(m: int, n: int, k: int, sm_count: int) -> bool:
@@ -504,9 +506,10 @@ def takes_two_warpgroups(m: int, n: int, k: int, sm_count: int) -> bool:
         return False
     slots = SMALL_M_CTAS_PER_SM * sm_count
     uneven = two_warpgroup_tiles_load_sms_unevenly(m, n, k, sm_count)
-    if uneven and ONE_WAVE_MIN_FILL * slots <= _tiles(m, n, one.block_x) <= slots:
+    one_tiles = _tiles(m, n, one.block_x)
+    if uneven and ONE_WAVE_MIN_FILL * slots <= one_tiles <= slots:
         return False
-    past_one_wave = 1 < _tiles(m, n, one.block_x) / slots <= TWO_WARPGROUPS_OVER_ONE_WARPGROUP_MAX_WAVES
+    past_one_wave = one_tiles > ONE_WARPGROUP_MAX_WAVES * slots
     return m <= HEURISTIC_MAX_BLOCK_X or one.block_x < TMA_BLOCK_X or not uneven or past_one_wave
 
 
