@@ -483,7 +483,8 @@ HEURISTIC_MAX_BLOCK_X = WGMMA_MAX_N
 # 163.24), 1.013x on 10240x4096 M = 481 (stream-K over 256-row blocks against 128-row ones); then
 # past two waves ('past_two_waves'), 0.75-0.92x in 10 of 11 cells on seven shapes of 80-272 tiles
 # at M = 384-1024 (10240x4096 M = 832 95.35 against 126.66; 34816x4096 M = 480 185.17 against
-# 232.02), 1.002x on 13824x4096 M = 640.
+# 232.02), 1.002x on 13824x4096 M = 640. Held out ('held_out', K = 2048-14336): 0.80-0.89x in all
+# five cells (10240x5120 M = 929 132.68 against 165.79).
 TWO_WARPGROUP_MIN_K_TILES_PER_SM = 20
 ONE_WAVE_MIN_FILL = 0.95
 ONE_WARPGROUP_MAX_WAVES = 1
@@ -579,6 +580,8 @@ ONE_WAVE_MIN_STAGES = 4
 # (7168x4096 M = 577 48.71 us against 58.45 for stream-K; 3072x4096 M = 929 32.99 against 39.54;
 # 5120x4096 M = 833 47.16 against 55.42). Below the fill it lost or tied: 4608x4096 (36 tiles in three
 # blocks, 0.82) M = 897 1.05x and M = 705 0.97x; 6144x4096 and 6144x6144 (0.73) M = 608 1.01-1.02x.
+# Held out ('held_out', K = 2048-14336): 0.86-0.98x in all seven cells (5120x14336 M = 1017 191.00
+# against 221.39).
 WIDE_ONE_WAVE_MIN_FILL = 0.84
 
 
