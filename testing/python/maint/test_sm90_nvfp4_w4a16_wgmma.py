@@ -673,7 +673,7 @@ def test_heuristic_x_block_is_the_tightest_cover(without_split_wave):
 def test_heuristic_two_warpgroups():
     """Two warpgroups above 128 rows: always up to 256, and beyond where one warpgroup's blocks would
     be under 128 rows, where two warpgroups' tiles load the SMs evenly, or where one warpgroup's
-    tiles run one to two waves of two CTAs per SM; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
+    tiles run past one wave of two CTAs per SM; no split and the deepest one-CTA pipeline, or stream-K at one CTA per SM where
     the CTAs load the SMs unevenly (the H200 timings at ``takes_two_warpgroups``), each with the
     producer warpgroup (``TWO_WARPGROUP_PRODUCER``). The two shapes
     here have enough k tiles per SM and no single full wave of one-warpgroup tiles: no exception.
