@@ -214,7 +214,11 @@ GRAPH_CONFIGS = {
 # steps, 720 rows as four of 184 (four stages); the narrow split wave (hopper.narrow_split_wave_config)
 # at 20 rows of 640x2304 (split 4), over three 64-row blocks split 5 (32 k tiles: uneven) and over
 # seven split 16 on one weight tile; stream-K over two 136-row x blocks 128 deep (sk.TWO_BLOCK_STREAMK_MIN_M);
-# the two-block split wave (hopper.two_block_split_wave_config) split 2 and unsplit (128 and 64 rows).
+# the two-block split wave (hopper.two_block_split_wave_config): two 72-row blocks split 2, two 64-row
+# and two 32-row blocks unsplit; past 256 rows, two warpgroups' stream-K where one warpgroup's 128-row
+# blocks would run past one wave (833 rows of 6144x4096) and past two (832 of 10240x4096)
+# (hopper.ONE_WARPGROUP_MAX_WAVES), and the wide one wave, five 192-row blocks 64 deep
+# (hopper.WIDE_ONE_WAVE_MIN_FILL).
 DISPATCH_CASES = [
     (1, 16384, 5120), (64, 5120, 6144), (700, 5120, 17408),
     (40, 4096, 4096), (20, 640, 2304), (17, 128, 512), (33, 11008, 4096), (72, 4096, 11008), (96, 6144, 4096),

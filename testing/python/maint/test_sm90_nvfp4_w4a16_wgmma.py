@@ -1140,6 +1140,7 @@ def test_narrow_split_wave_over_the_same_block_against_the_committed_h200_race()
         (512, 8192, 32): 16, (1024, 8192, 17): 16, (1024, 8192, 48): 16, (1536, 4096, 17): 8, (768, 6144, 32): 12}
     assert max(ratio for _, ratio in slower.values()) < 1.07
 
+
 def test_heuristic_two_block_streamk():
     """At M = 257-352, where two x blocks give more tiles than SMs and K is whole 128-deep tiles:
     stream-K over two x blocks in 8-row steps, 128 deep, two consumer warpgroups and a producer,
