@@ -38,6 +38,12 @@ def patched_dispatch(owner, **values):
             sk.heuristic_config.cache_clear()
 
 
+def h200_dispatch(m: int, n: int, k: int):
+    """The stream-K module's heuristic dispatch on the H200 (sm_90, 132 SMs), where the tests' timings
+    come from."""
+    return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+
+
 def dispatch_without(owner, rule: str):
     """The dispatch with ``owner.rule`` giving no config, so that the rules under it decide."""
     return patched_dispatch(owner, **{rule: lambda *args, **kwargs: None})
@@ -232,7 +238,7 @@ def test_heuristic_picks_it_on_sm90_only():
     for n, k in [(16384, 5120), (5120, 6144), (640, 2304), (128, 256), (384, 768)]:  # down to the smallest weight
         for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
             assert not isinstance(sk.heuristic_config(m, n, k, arch="sm_120", sm_count=188), sk.HOPPER_CONFIGS)
-            on_hopper = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            on_hopper = h200_dispatch(m, n, k)
             few_rows = sk.skinny.heuristic_config(m, n, k, sm_count=132)
             if few_rows is not None:
                 assert on_hopper == few_rows, (m, n, k)
@@ -371,12 +377,9 @@ def test_heuristic_one_wave_of_whole_tiles_and_its_limits():
     unsplit, two consumer warpgroups and a producer, 128 deep, the deepest pipeline
     (``wg.ONE_WAVE_MIN_STAGES``); not under 64-row blocks, not under 128 rows past K = 6144, not
     with fewer than four stages, never where one x block already fills the SMs."""
-    def dispatch(m, n, k):
-        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-
-    assert dispatch(256, 4096, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)  # 4 blocks x 32 tiles
-    assert dispatch(512, 5120, 6144) == wg.WgmmaConfig(176, 128, 4, 1, True, 2, True)  # 3 blocks x 40 tiles
-    assert dispatch(512, 4096, 14336) == wg.WgmmaConfig(128, 128, 5, 1, True, 2, True)  # long K, 128 rows
+    assert h200_dispatch(256, 4096, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)  # 4 blocks x 32 tiles
+    assert h200_dispatch(512, 5120, 6144) == wg.WgmmaConfig(176, 128, 4, 1, True, 2, True)  # 3 blocks x 40 tiles
+    assert h200_dispatch(512, 4096, 14336) == wg.WgmmaConfig(128, 128, 5, 1, True, 2, True)  # long K, 128 rows
     assert wg.one_wave_config(96, 6144, 6144) is None  # 48-row blocks
     assert wg.one_wave_config(256, 4096, 11008) is None  # 64 rows past K = 6144
     assert wg.one_wave_config(384, 6144, 4096) is None  # 192 rows: three stages
@@ -413,14 +416,11 @@ def test_heuristic_two_whole_waves_over_stream_k_or_one_warpgroup(whole_waves_in
     """Where the dispatch would run stream-K or one warpgroup, M cut into as many x blocks as two
     waves hold, where their tiles fill 95 % of both waves with blocks of 112-176 rows
     (``wg.TWO_WAVES_MIN_FILL``); never over an even wave of two warpgroups."""
-    def dispatch(m, n, k):
-        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-
-    assert dispatch(512, 11008, 4096) == wg.WgmmaConfig(176, 128, 4, 1, True, 2, True)  # 3 x 86 = 258 tiles
-    assert dispatch(608, 8192, 8192) == wg.WgmmaConfig(160, 128, 4, 1, True, 2, True)  # 4 x 64 = 256 tiles
+    assert h200_dispatch(512, 11008, 4096) == wg.WgmmaConfig(176, 128, 4, 1, True, 2, True)  # 3 x 86 = 258 tiles
+    assert h200_dispatch(608, 8192, 8192) == wg.WgmmaConfig(160, 128, 4, 1, True, 2, True)  # 4 x 64 = 256 tiles
     assert wg.two_waves_config(256, 11008, 4096) is None  # 96-row blocks
     assert wg.two_waves_config(512, 6144, 4096) is None  # 5 x 48 = 240 tiles: 91 % of two waves
-    assert wg.two_waves_config(448, 8192, 8192) is not None and dispatch(448, 8192, 8192) == wg.WgmmaConfig(224, 64, 6, 1, True, 2, True)
+    assert wg.two_waves_config(448, 8192, 8192) is not None and h200_dispatch(448, 8192, 8192) == wg.WgmmaConfig(224, 64, 6, 1, True, 2, True)
     for m in range(1, nv.MAX_M_PER_LAUNCH + 1, 5):
         for n, k in ((11008, 4096), (8192, 8192), (4096, 11008), (5504, 4096)):
             c = wg.two_waves_config(m, n, k)
@@ -437,7 +437,7 @@ def test_two_waves_rule_against_the_committed_h200_timings(whole_waves_in_16_row
     taken = 0
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30w_whole_waves_probe.json").items():
         two = wg.two_waves_config(m, n, k)
-        if two is not None and sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == two:
+        if two is not None and h200_dispatch(m, n, k) == two:
             assert min(times, key=times.get) == two, (n, k, m)
             taken += 1
     assert taken == 6
@@ -474,7 +474,7 @@ def changed_race_cells(name: str):
     """``(race, n, k, m, config, was_us, timed)`` for each cell of a committed race whose dispatch
     config (``config``) differs from its 'dispatch' row (timed at ``was_us``); ``timed``: config -> us."""
     for (race, n, k, m), times in race_cells(name).items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        config = h200_dispatch(m, n, k)
         if config != times["dispatch"][0]:
             yield race, n, k, m, config, times["dispatch"][1], dict(times.values())
 
@@ -484,13 +484,13 @@ def test_whole_wave_rules_in_the_committed_untuned_runs(without_split_wave):
     every cell the two-wave rule takes (11008x4096 M = 304-512) and every cell the small-block one-wave
     rule takes over one warpgroup (4096x4096 M = 72-144) ran faster with it."""
     before, after = untuned_run("h200_untuned_2026-11-30w.json"), untuned_run("h200_untuned_2026-11-30x.json")
-    two = [key for key in after if sk.heuristic_config(key[2], *key[:2], arch="sm_90", sm_count=132) == wg.two_waves_config(key[2], *key[:2])]
+    two = [key for key in after if h200_dispatch(key[2], *key[:2]) == wg.two_waves_config(key[2], *key[:2])]
     assert len(two) == 4 and all(after[key] < 0.96 * before[key] for key in two)
     before, after = untuned_run("h200_untuned_2026-11-30x.json"), untuned_run("h200_untuned_2026-11-30y.json")
     small = [
         key for key in after
         if wg.one_wave_config(key[2], *key[:2]) is None
-        and sk.heuristic_config(key[2], *key[:2], arch="sm_90", sm_count=132) == wg.one_wave_config(key[2], *key[:2], over_one_warpgroup=True)
+        and h200_dispatch(key[2], *key[:2]) == wg.one_wave_config(key[2], *key[:2], over_one_warpgroup=True)
     ]  # fmt: skip
     assert len(small) == 5 and all(after[key] < 0.9 * before[key] for key in small)
 
@@ -693,7 +693,7 @@ def test_heuristic_two_warpgroups():
             assert (c.warpgroups == 2) == (m > 128 and (m <= 256 or one.block_x < wg.TMA_BLOCK_X or even or past_one_wave)), (m, n, k, c)
             if c.warpgroups == 2:
                 assert c == wg.WgmmaConfig(c.block_x, 64, min(wg.deepest_stages(c.block_x, ctas_per_sm=1), k // 64), 1, True, 2, True)
-            dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            dispatched = h200_dispatch(m, n, k)
             sk.check_any_config(dispatched, n, k, "sm_90")
             if isinstance(dispatched, sk.WgmmaStreamKConfig):  # two warpgroups from SMALL_M (the next test)
                 two = m >= sk.STREAMK_TWO_WARPGROUPS_MIN_M
@@ -701,7 +701,7 @@ def test_heuristic_two_warpgroups():
                 assert dispatched.producer == two and dispatched.tma_loads == (two or c.tma_loads)
     assert wg.get_wgmma_config(192, 16384, 5120) == wg.WgmmaConfig(192, 64, 7, 1, True, 2, True)  # 128 CTAs, one wave
     # 40 CTAs (the one-wave rule leaves 64-row blocks past K = 6144 alone: wg.ONE_WAVE_MAX_K)
-    assert sk.heuristic_config(192, 5120, 17408, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)
+    assert h200_dispatch(192, 5120, 17408) == sk.WgmmaStreamKConfig(192, 64, 4, 1, True, 2, True)
     # Beyond 256 rows, the configs the tuner took on these shapes (tuned/sm_90-132sm.json): 16384x5120
     # M = 512 on 128 CTAs, 5120x6144 M = 768 on 120; M = 512 there (80 CTAs) keeps one warpgroup.
     assert wg.get_wgmma_config(512, 16384, 5120) == wg.WgmmaConfig(256, 64, 6, 1, True, 2, True)
@@ -718,7 +718,7 @@ def test_streamk_two_warpgroups_against_the_committed_h200_runs(without_one_wave
     before, after = untuned_run("h200_untuned_2026-11-30i.json"), untuned_run("h200_untuned_2026-11-30j.json")
     taken = []
     for (n, k, m), us in after.items():
-        c = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        c = h200_dispatch(m, n, k)
         if isinstance(c, sk.WgmmaStreamKConfig) and wg.get_wgmma_config(m, n, k).warpgroups == 1 and m >= wg.SMALL_M:
             assert c == sk.WgmmaStreamKConfig(c.block_x, wg.DEEP_K, 4, 1, True, 2, True)
             assert us < 0.95 * before[(n, k, m)], (n, k, m)
@@ -746,13 +746,10 @@ def test_heuristic_two_warpgroups_past_one_wave_of_128_row_blocks():
     """Past 256 rows, where one warpgroup's 128-row blocks would run past one wave of two CTAs per SM
     (``wg.ONE_WARPGROUP_MAX_WAVES``), two warpgroups' tight blocks, as stream-K where their tiles load
     the SMs unevenly."""
-    def dispatch(m, n, k):
-        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-
-    assert dispatch(833, 6144, 4096) == sk.WgmmaStreamKConfig(224, 64, 4, 1, True, 2, True)  # 7 x 48 = 336 blocks of 128 rows
-    assert dispatch(449, 12288, 8192) == sk.WgmmaStreamKConfig(240, 64, 4, 1, True, 2, True)  # 4 x 96 = 384
+    assert h200_dispatch(833, 6144, 4096) == sk.WgmmaStreamKConfig(224, 64, 4, 1, True, 2, True)  # 7 x 48 = 336 blocks of 128 rows
+    assert h200_dispatch(449, 12288, 8192) == sk.WgmmaStreamKConfig(240, 64, 4, 1, True, 2, True)  # 4 x 96 = 384
     assert wg.get_wgmma_config(608, 6144, 4096).warpgroups == 1  # 5 x 48 = 240: one wave
-    assert dispatch(832, 10240, 4096) == sk.WgmmaStreamKConfig(208, 64, 4, 1, True, 2, True)  # 7 x 80 = 560: past two waves
+    assert h200_dispatch(832, 10240, 4096) == sk.WgmmaStreamKConfig(208, 64, 4, 1, True, 2, True)  # 7 x 80 = 560: past two waves
     two = {True: 0, False: 0}
     for m in range(wg.SPLIT_WAVE_MAX_M + 1, nv.MAX_M_PER_LAUNCH + 1, 8):  # the split wave comes first up to there
         for n in (6144, 7168, 10240, 12288, 18944):
@@ -767,12 +764,9 @@ def test_heuristic_two_warpgroups_past_one_wave_of_128_row_blocks():
 def test_heuristic_wide_one_wave():
     """Where the one wave's x blocks are too wide for four 128-deep stages (over 176 rows), 64-deep
     tiles of up to 352 rows, where the tiles fill at least 84 % of the SMs (``wg.WIDE_ONE_WAVE_MIN_FILL``)."""
-    def dispatch(m, n, k):
-        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-
-    assert dispatch(929, 3072, 4096) == wg.WgmmaConfig(192, 64, 7, 1, True, 2, True)  # 5 x 24 = 120 tiles
-    assert dispatch(1017, 5120, 4096) == wg.WgmmaConfig(344, 64, 4, 1, True, 2, True)  # 3 x 40 = 120
-    assert dispatch(577, 7168, 4096) == wg.WgmmaConfig(296, 64, 5, 1, True, 2, True)  # 2 x 56 = 112: 85 %
+    assert h200_dispatch(929, 3072, 4096) == wg.WgmmaConfig(192, 64, 7, 1, True, 2, True)  # 5 x 24 = 120 tiles
+    assert h200_dispatch(1017, 5120, 4096) == wg.WgmmaConfig(344, 64, 4, 1, True, 2, True)  # 3 x 40 = 120
+    assert h200_dispatch(577, 7168, 4096) == wg.WgmmaConfig(296, 64, 5, 1, True, 2, True)  # 2 x 56 = 112: 85 %
     assert wg.one_wave_config(897, 4608, 4096) is None  # 3 x 36 = 108 tiles: 82 %
     assert wg.one_wave_config(705, 6144, 4096) is None  # 2 x 48 = 96: 73 %
     wide = 0
@@ -874,7 +868,7 @@ def test_heuristic_split_wave(without_two_block_split_wave):
             expected = wg.WgmmaConfig(block_x, wg.DEEP_K, stages, split, True, 2, True)
             assert wg.split_wave_config(m, n, k) == wg.get_wgmma_config(m, n, k) == expected, (m, n, k)
             wg.check_wgmma_config(expected, n, k)
-            dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            dispatched = h200_dispatch(m, n, k)
             one_wave = wg.one_wave_config(m, n, k)
             whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X
             few_ctas = (n // wg.CTA_ROWS) * split <= wg.FEW_CTAS_MAX_FILL * 132  # the narrow split wave's (test_heuristic_narrow_split_wave)
@@ -884,25 +878,25 @@ def test_heuristic_split_wave(without_two_block_split_wave):
         assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
     assert all(wg.split_wave_config(m, n, k) is None for m in (17, 40, 63, 96) for n, k in ((34816, 5120), (4096, 4160)))
     # From SMALL_M, 96 and 86 CTAs leave over a sixth of the SMs idle: stream-K over the same tiles.
-    assert sk.heuristic_config(96, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(96, 128, 4, 1, True, 2, True)
-    assert sk.heuristic_config(72, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(72, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(96, 6144, 4096) == sk.WgmmaStreamKConfig(96, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(72, 11008, 4096) == sk.WgmmaStreamKConfig(72, 128, 4, 1, True, 2, True)
     # As stream-K the 8-row-step block stays (NARROW_STREAMK_BLOCK_X only narrows wider blocks)
-    assert sk.heuristic_config(113, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(120, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(113, 6144, 4096) == sk.WgmmaStreamKConfig(120, 128, 4, 1, True, 2, True)
     # Before whole 64-row blocks where M = 97-128 cuts into two of them that fill one wave
     assert wg.one_wave_config(128, 6144, 4096) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
-    assert sk.heuristic_config(128, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(128, 6144, 4096) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
     assert wg.one_wave_config(104, 8192, 4096) == wg.WgmmaConfig(56, 128, 9, 1, True, 2, True)
-    assert sk.heuristic_config(104, 8192, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
+    assert h200_dispatch(104, 8192, 4096) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
     # 3072x4096 M = 128: 96 CTAs, but too few k tiles for stream-K (the rule's one loss in its race)
-    assert sk.heuristic_config(128, 3072, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
+    assert h200_dispatch(128, 3072, 4096) == wg.WgmmaConfig(128, 128, 5, 4, True, 2, True)
     assert wg.split_wave_config(24, 4096, 4096, sm_count=66) == wg.WgmmaConfig(24, 128, 15, 2, True, 2, True)  # 64 CTAs
     # Past 128 rows, ahead of two warpgroups' tight blocks (48 rows x 3 on 4096x4096, stream-K over
     # 144 rows 64 deep on 11008x4096); from 177 rows two x blocks (test_heuristic_split_wave_two_blocks).
-    assert sk.heuristic_config(144, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
-    assert sk.heuristic_config(144, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
-    assert sk.heuristic_config(176, 4096, 11008, arch="sm_90", sm_count=132) == wg.WgmmaConfig(176, 128, 4, 4, True, 2, True)
+    assert h200_dispatch(144, 4096, 4096) == wg.WgmmaConfig(144, 128, 5, 4, True, 2, True)
+    assert h200_dispatch(144, 11008, 4096) == sk.WgmmaStreamKConfig(144, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(176, 4096, 11008) == wg.WgmmaConfig(176, 128, 4, 4, True, 2, True)
     # From 145 rows whole x blocks that fill one wave come first (6144x4096: two 80-row blocks)
-    assert sk.heuristic_config(152, 6144, 4096, arch="sm_90", sm_count=132) == wg.one_wave_config(152, 6144, 4096)
+    assert h200_dispatch(152, 6144, 4096) == wg.one_wave_config(152, 6144, 4096)
 
 
 # Two x blocks of the split-wave rule (M = 177-352): the split per shape, or None where it does not
@@ -938,7 +932,7 @@ def test_heuristic_split_wave_two_blocks():
             stages = min(wg.deepest_stages(block_x, ctas_per_sm=1, block_k=wg.DEEP_K), k // wg.DEEP_K // split)
             assert c == wg.WgmmaConfig(block_x, wg.DEEP_K, stages, split, True, 2, True), (m, n, k)
             one_wave = wg.one_wave_config(m, n, k)
-            dispatched = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            dispatched = h200_dispatch(m, n, k)
             if one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X:
                 assert dispatched == one_wave, (m, n, k)
             elif 6 * 2 * (n // wg.CTA_ROWS) * split >= 5 * 132:
@@ -947,8 +941,8 @@ def test_heuristic_split_wave_two_blocks():
                 assert dispatched == sk.WgmmaStreamKConfig(block_x, wg.DEEP_K, 4, 1, True, 2, True), (m, n, k)
         assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
     # 4096x4096: four whole blocks of 56 rows at M = 208 come after it, of 64 at M = 232 before it
-    assert sk.heuristic_config(208, 4096, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
-    assert sk.heuristic_config(232, 4096, 4096, arch="sm_90", sm_count=132) == wg.one_wave_config(232, 4096, 4096)
+    assert h200_dispatch(208, 4096, 4096) == wg.WgmmaConfig(104, 128, 6, 2, True, 2, True)
+    assert h200_dispatch(232, 4096, 4096) == wg.one_wave_config(232, 4096, 4096)
     assert wg.one_wave_config(232, 4096, 4096).block_x == 64
 
 
@@ -962,7 +956,7 @@ def test_heuristic_split_wave_against_the_committed_h200_race():
         cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = (row["name"], row["best"])
     assert len(cells) == 24
     for (n, k, m), times in cells.items():
-        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        chosen = h200_dispatch(m, n, k)
         (before,) = [c for c, (name, _) in times.items() if name == "heuristic"]
         ratio = times[chosen][1] / times[before][1]
         assert 0.7 < ratio < 0.95, (n, k, m, ratio)
@@ -983,12 +977,9 @@ def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs(withou
     cells = race_cells("h200_ab_2026-12-02i_one_wave_m64-128.json", "h200_ab_2026-12-02i_split_wave_before_whole_64_row_blocks.json")
     assert len(cells) == 16 + 36 + 15
 
-    def dispatched(m, n, k):
-        return sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-
     near_fastest, timed, faster, slower = 0, 0, 0, {}
     for (_, n, k, m), times in cells.items():
-        config = dispatched(m, n, k)
+        config = h200_dispatch(m, n, k)
         timed_configs = {c: us for c, us in times.values()}
         if config not in timed_configs:
             continue  # six cells whose stream-K form or split was raced in another form
@@ -1007,9 +998,9 @@ def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs(withou
     # and 128, which ran the whole 64-row blocks (they came first until the last race above, run
     # after run i). The rule reached past 128 rows after run i (the next test).
     untuned_after = untuned_run("h200_untuned_2026-12-02i.json")
-    after = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
+    after = {key: h200_dispatch(m, n, k) for key in untuned_after for n, k, m in [key]}
     with dispatch_without(wg, "split_wave_config"):
-        before = {key: dispatched(m, n, k) for key in untuned_after for n, k, m in [key]}
+        before = {key: h200_dispatch(m, n, k) for key in untuned_after for n, k, m in [key]}
     untuned_before = untuned_run("h200_untuned_2026-12-01w.json")
     changed = [key for key in untuned_after if key[2] <= 128 and after[key] != before[key] and wg.one_wave_config(key[2], *key[:2]) is None]
     slower_untuned = [key for key in changed if untuned_after[key] >= untuned_before[key]]
@@ -1032,7 +1023,7 @@ def test_heuristic_split_wave_to_176_rows_against_the_committed_h200_race(whole_
     assert len(cells) == 12 + 15 + 42
     faster, slower = 0, {}
     for (race, n, k, m), times in cells.items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        config = h200_dispatch(m, n, k)
         timed = {c: us for c, us in times.values()}
         was, was_us = times["dispatch"]
         if m > wg.SPLIT_WAVE_MAX_M or (m > wg.SPLIT_WAVE_FIRST_MAX_M and wg.one_wave_config(m, n, k) is not None):
@@ -1065,7 +1056,7 @@ def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race(without
     assert len(cells) == 84 + 73  # four held-out cells were raced twice (the later race counts)
     changed, slower = {"fit": 0, "held_out": 0}, {}
     for (race, n, k, m), times in cells.items():
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        config = h200_dispatch(m, n, k)
         timed = {c: us for c, us in times.values()}
         was, was_us = times["dispatch"]
         assert config in timed, (race, n, k, m)
@@ -1075,7 +1066,7 @@ def test_heuristic_split_wave_two_blocks_against_the_committed_h200_race(without
     assert changed == {"fit": 76, "held_out": 51}
     assert slower.keys() == {(6144, 6144, 360)} and max(slower.values()) < 1.01
     before, after = untuned_run("h200_untuned_2026-12-02j.json"), untuned_run("h200_untuned_2026-12-02k.json")
-    moved = [key for key in after if (race := ("fit", *key)) in cells and cells[race]["dispatch"][0] != sk.heuristic_config(key[2], *key[:2], arch="sm_90", sm_count=132)]
+    moved = [key for key in after if (race := ("fit", *key)) in cells and cells[race]["dispatch"][0] != h200_dispatch(key[2], *key[:2])]
     assert len(moved) == 19 and all(after[key] < 0.99 * before[key] for key in moved)
 
 
@@ -1148,15 +1139,15 @@ def test_heuristic_two_block_streamk():
     not where two blocks' tiles fit the SMs (6144x4096: the split wave), not with K in 64-deep tiles."""
     for n, k in ((11008, 4096), (14336, 4096), (28672, 8192), (18944, 3584), (8960, 1536)):
         for m in range(sk.TWO_BLOCK_STREAMK_MIN_M, wg.SPLIT_WAVE_MAX_M + 1):
-            config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            config = h200_dispatch(m, n, k)
             two_waves = wg.two_waves_config(m, n, k)
             block_x = 8 * -(-m // 16)
             assert config == (two_waves or sk.WgmmaStreamKConfig(block_x, wg.DEEP_K, wg.DEFAULT_STAGES, 1, True, 2, True)), (m, n, k)
             assert 2 * block_x >= m > 2 * (block_x - 8) and block_x <= wg.SPLIT_WAVE_MAX_BLOCK_X
-    assert sk.heuristic_config(272, 11008, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(136, 128, 4, 1, True, 2, True)
-    assert sk.heuristic_config(304, 11008, 4096, arch="sm_90", sm_count=132) == wg.two_waves_config(304, 11008, 4096)
+    assert h200_dispatch(272, 11008, 4096) == sk.WgmmaStreamKConfig(136, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(304, 11008, 4096) == wg.two_waves_config(304, 11008, 4096)
     for m, n, k in ((256, 14336, 4096), (353, 14336, 4096), (300, 6144, 4096), (300, 14336, 4160)):
-        config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        config = h200_dispatch(m, n, k)
         assert not (isinstance(config, sk.WgmmaStreamKConfig) and config.block_k == wg.DEEP_K and config.block_x == 8 * -(-m // 16)), (m, n, k)
 
 
@@ -1187,8 +1178,8 @@ def test_heuristic_narrow_split_wave(without_two_block_split_wave):
         for k in (1024, 2048, 2304, 4096, 8192):
             for m in range(wg.HEURISTIC_MIN_M, nv.MAX_M_PER_LAUNCH + 1, 8):
                 with patched_dispatch(wg, FEW_CTAS_MAX_FILL=0):
-                    before = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-                config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                    before = h200_dispatch(m, n, k)
+                config = h200_dispatch(m, n, k)
                 few = type(before) is wg.WgmmaConfig and wg.wgmma_ctas(before, m, n) <= wg.FEW_CTAS_MAX_FILL * 132
                 if not few or wg.narrow_split_wave_config(m, n, k) is None:
                     assert config == before, (m, n, k)
@@ -1204,13 +1195,13 @@ def test_heuristic_narrow_split_wave(without_two_block_split_wave):
                 wg.check_wgmma_config(config, n, k)
     assert changed > 1000
     # 1024x4096 M = 192 ran one warpgroup's 24 CTAs unsplit (26 us): now three 64-row blocks split 5
-    assert sk.heuristic_config(192, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
+    assert h200_dispatch(192, 1024, 4096) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
     # At M = 176 the split wave's 176-row block split 4 (32 CTAs): three 64-row blocks split 5 (120)
-    assert sk.heuristic_config(176, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
+    assert h200_dispatch(176, 1024, 4096) == wg.WgmmaConfig(64, 128, 6, 5, True, 2, True)
     # M = 32: the same 32-row block, split 8 (4 k tiles each) where the split wave stops at 4 (1024 k)
-    assert sk.heuristic_config(32, 1024, 4096, arch="sm_90", sm_count=132) == wg.WgmmaConfig(32, 128, 4, 8, True, 2, True)
+    assert h200_dispatch(32, 1024, 4096) == wg.WgmmaConfig(32, 128, 4, 8, True, 2, True)
     # Not where the dispatch runs stream-K, which fills the SMs (2048x8192: 16 tiles of 208 rows)
-    assert isinstance(sk.heuristic_config(385, 2048, 8192, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+    assert isinstance(h200_dispatch(385, 2048, 8192), sk.WgmmaStreamKConfig)
     assert wg.narrow_split_wave_config(64, 1024, 4160) is None  # K in 64-deep tiles only
 
 
@@ -1225,8 +1216,8 @@ def test_heuristic_two_block_split_wave():
         for k in (1024, 2048, 3072, 4096, 5120, 6144, 8192, 11008):
             for m in range(wg.HEURISTIC_MIN_M, wg.SPLIT_WAVE_MAX_M + 1, 4):
                 with dispatch_without(wg, "two_block_split_wave_config"):
-                    before = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
-                config = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                    before = h200_dispatch(m, n, k)
+                config = h200_dispatch(m, n, k)
                 if config == before:
                     continue
                 assert m <= wg.SPLIT_WAVE_MAX_BLOCK_X and before == wg.split_wave_config(m, n, k), (m, n, k)
@@ -1243,22 +1234,21 @@ def test_heuristic_two_block_split_wave():
                     changed["as many split"] += 1
                 wg.check_wgmma_config(config, n, k)
     assert changed["more"] > 100 and changed["as many unsplit"] > 20 and changed["as many split"] > 20, changed
-    dispatch = lambda m, n, k: sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
     # 3072x4096: 24 tiles split 4 (8 k tiles each) became 48 split 2 from 128 rows
-    assert dispatch(144, 3072, 4096) == wg.WgmmaConfig(72, 128, 8, 2, True, 2, True)
-    assert dispatch(120, 3072, 4096) == wg.WgmmaConfig(120, 128, 5, 4, True, 2, True)
+    assert h200_dispatch(144, 3072, 4096) == wg.WgmmaConfig(72, 128, 8, 2, True, 2, True)
+    assert h200_dispatch(120, 3072, 4096) == wg.WgmmaConfig(120, 128, 5, 4, True, 2, True)
     # 4608x2048: 36 tiles split 2 became 72 unsplit (as many CTAs, no exchange) from 48 rows
-    assert dispatch(128, 4608, 2048) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
-    assert dispatch(48, 4608, 2048) == wg.WgmmaConfig(24, 128, 15, 1, True, 2, True)
-    assert dispatch(40, 4608, 2048) == wg.WgmmaConfig(40, 128, 8, 2, True, 2, True)
+    assert h200_dispatch(128, 4608, 2048) == wg.WgmmaConfig(64, 128, 9, 1, True, 2, True)
+    assert h200_dispatch(48, 4608, 2048) == wg.WgmmaConfig(24, 128, 15, 1, True, 2, True)
+    assert h200_dispatch(40, 4608, 2048) == wg.WgmmaConfig(40, 128, 8, 2, True, 2, True)
     # More CTAs from 48 rows (2560x4096: 80 become 120), not under it
-    assert dispatch(48, 2560, 4096) == wg.WgmmaConfig(24, 128, 10, 3, True, 2, True)
-    assert dispatch(40, 2560, 4096) == wg.WgmmaConfig(40, 128, 8, 4, True, 2, True)
+    assert h200_dispatch(48, 2560, 4096) == wg.WgmmaConfig(24, 128, 10, 3, True, 2, True)
+    assert h200_dispatch(40, 2560, 4096) == wg.WgmmaConfig(40, 128, 8, 4, True, 2, True)
     # Not past the split floor (5120x4096: split 3 of 1365 k), not with fewer CTAs (3072x5120: 120
     # become 96), not in the narrow split wave's cells (1536x4096: 48 CTAs)
-    assert dispatch(96, 5120, 4096) == wg.WgmmaConfig(96, 128, 6, 3, True, 2, True)
-    assert dispatch(96, 3072, 5120) == wg.WgmmaConfig(96, 128, 6, 5, True, 2, True)
-    assert dispatch(96, 1536, 4096) == wg.narrow_split_wave_config(96, 1536, 4096)
+    assert h200_dispatch(96, 5120, 4096) == wg.WgmmaConfig(96, 128, 6, 3, True, 2, True)
+    assert h200_dispatch(96, 3072, 5120) == wg.WgmmaConfig(96, 128, 6, 5, True, 2, True)
+    assert h200_dispatch(96, 1536, 4096) == wg.narrow_split_wave_config(96, 1536, 4096)
 
 
 def test_two_block_split_wave_against_the_committed_h200_race():
@@ -1275,6 +1265,7 @@ def test_two_block_split_wave_against_the_committed_h200_race():
     assert changed == {"mid_fill": 17, "boundary": 18, "check": 8, "unsplit": 9}
     assert max(ratios) < 0.99 and min(ratios) > 0.75
 
+
 def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
     """At M = 113-120 the one-wave rule's 120-row tiles run as stream-K over 120 rows, not widened to
     NARROW_STREAMK_BLOCK_X: in the H200 race committed under results/ (both configs checked against
@@ -1284,7 +1275,7 @@ def test_streamk_keeps_the_8_row_block_against_the_committed_h200_race():
         cells.setdefault((row["n"], row["k"], row["m"]), {})[sk.config_from_json(row)] = row["best"]
     assert len(cells) == 4
     for (n, k, m), times in cells.items():
-        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        chosen = h200_dispatch(m, n, k)
         assert chosen.block_x == 120 and times[chosen] == min(times.values()), (n, k, m)
 
 
@@ -1349,7 +1340,7 @@ def test_two_warpgroups_on_even_tiles_against_the_committed_h200_timings():
     decided = []
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30s_two_warpgroups_m256-1024.json").items():
         if even_two_warpgroup_tiles_decide(m, n, k):
-            chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+            chosen = h200_dispatch(m, n, k)
             assert chosen == wg._two_warpgroup_config(m, n, k, 132), (n, k, m)  # split-K, not its stream-K twin
             assert times[chosen] < 0.97 * times[old], (n, k, m)
             decided.append((n, k))
@@ -1377,7 +1368,7 @@ def test_narrow_streamk_against_the_committed_h200_timings(without_one_wave, who
             if narrow_streamk_decides(m, n, k):
                 wide = wg.get_wgmma_config(m, n, k)
                 replaced = sk.WgmmaStreamKConfig(wide.block_x, wide.block_k, 4, 1, True, 2, True)
-                chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+                chosen = h200_dispatch(m, n, k)
                 assert chosen == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True) and chosen in times, (n, k, m)
                 if replaced in times:
                     ratios.append(times[chosen] / times[replaced])
@@ -1432,7 +1423,7 @@ def test_heuristic_deep_k_against_the_committed_h200_timings():
     deep = 0
     for (n, k, m), times in committed_timings("h200_timings_2026-11-30f_m24-64.json").items():
         chosen = wg.tight_wgmma_config(m, n, k)
-        streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+        streamk = isinstance(h200_dispatch(m, n, k), sk.WgmmaStreamKConfig)
         if wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and chosen.block_k == wg.DEEP_K and not streamk:  # stream-K's: the next test
             deep += 1
             assert times[chosen] < times[chosen._replace(block_k=wg.SWIZZLE_K, stages=wg.DEEP_STAGES)], (n, k, m)
@@ -1451,7 +1442,7 @@ def test_heuristic_uneven_split_against_the_committed_h200_timings(monkeypatch, 
         cells.update(committed_timings(name))
     decided = 0
     for (n, k, m), times in cells.items():
-        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        chosen = h200_dispatch(m, n, k)
         if not isinstance(chosen, wg.WgmmaConfig) or (n // wg.CTA_ROWS) * chosen.split_k <= wg.SMALL_M_CTAS_PER_SM * 132:
             continue
         decided += 1
@@ -1473,7 +1464,7 @@ def test_heuristic_evened_split_against_the_committed_h200_timings(without_skinn
     cells = committed_timings("h200_timings_2026-11-30g_m1-16.json") | committed_timings("h200_timings_2026-11-30f_m24-64.json")
     decided = []
     for (n, k, m), times in cells.items():
-        chosen = sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132)
+        chosen = h200_dispatch(m, n, k)
         if wg.split_wave_config(m, n, k) is not None:
             chosen = wg.tight_wgmma_config(m, n, k)
         if isinstance(chosen, wg.WgmmaConfig) and chosen.split_k % 3 == 0:
@@ -1505,7 +1496,7 @@ def test_heuristic_streamk_against_the_committed_h200_timings():
             streamk = sk.WgmmaStreamKConfig(split_k.block_x, block_k, 4, 2) if split_k else None
             if not (wg.HEURISTIC_MIN_M <= m < wg.SMALL_M and split_k in times and streamk in times):
                 continue  # (where the split-wave rule applies, split_k is its config: never timed here)
-            takes_streamk = isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig)
+            takes_streamk = isinstance(h200_dispatch(m, n, k), sk.WgmmaStreamKConfig)
             taken += [(n, m)] if takes_streamk else []
             chosen, other = (streamk, split_k) if takes_streamk else (split_k, streamk)
             assert times[chosen] <= 1.03 * times[other], (n, k, m, chosen, other)
@@ -1517,7 +1508,7 @@ def test_heuristic_leaves_short_k_to_the_other_kernels():
     """K of fewer than DEFAULT_STAGES k tiles: no wgmma config, and the dispatch's fallback fits."""
     for m in (17, 64, 300):
         assert wg.get_wgmma_config(m, 256, 128) is None
-        sk.check_any_config(sk.heuristic_config(m, 256, 128, arch="sm_90", sm_count=132), 256, 128, "sm_90")
+        sk.check_any_config(h200_dispatch(m, 256, 128), 256, 128, "sm_90")
 
 
 # Each GPU case runs with both loaders (cp.async and TMA: WgmmaConfig.tma_loads).
@@ -1965,18 +1956,18 @@ def test_heuristic_takes_streamk_where_the_ctas_load_the_sms_unevenly(without_on
     and never at M <= 16. From M = 64 it runs two consumer warpgroups and a producer over 128-deep k
     tiles; below, one warpgroup, two CTAs per SM, 128-deep k tiles up to 64 x rows."""
     assert nv.sm_imbalance(80, 132) == pytest.approx(132 / 80) and nv.sm_imbalance(264, 132) == 1.0
-    assert sk.heuristic_config(512, 5120, 6144, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
-    assert isinstance(sk.heuristic_config(512, 16384, 5120, arch="sm_90", sm_count=132), wg.WgmmaConfig)
-    assert sk.heuristic_config(32, 34816, 5120, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
-    assert sk.heuristic_config(64, 6144, 4096, arch="sm_90", sm_count=132) == sk.WgmmaStreamKConfig(64, 128, 4, 1, True, 2, True)
+    assert h200_dispatch(512, 5120, 6144) == sk.WgmmaStreamKConfig(128, 128, 4, 1, True, 2, True)
+    assert isinstance(h200_dispatch(512, 16384, 5120), wg.WgmmaConfig)
+    assert h200_dispatch(32, 34816, 5120) == sk.WgmmaStreamKConfig(32, 128, 4, 2)
+    assert h200_dispatch(64, 6144, 4096) == sk.WgmmaStreamKConfig(64, 128, 4, 1, True, 2, True)
     for m, n, k in ((32, 5120, 17408), (56, 11008, 4096), (32, 6144, 4096)):  # 1.65x, 1.53x, 1.38x the mean as split-K
-        assert sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132) == wg.split_wave_config(m, n, k)
+        assert h200_dispatch(m, n, k) == wg.split_wave_config(m, n, k)
     for n, k in [(5120, 17408), (11008, 4096), (34816, 5120)]:  # 1.46-1.65x at M = 17-63
-        assert all(not isinstance(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), sk.WgmmaStreamKConfig) for m in range(1, 17))
-    assert isinstance(sk.heuristic_config(128, 640, 2304, arch="sm_90", sm_count=132), wg.WgmmaConfig)
+        assert all(not isinstance(h200_dispatch(m, n, k), sk.WgmmaStreamKConfig) for m in range(1, 17))
+    assert isinstance(h200_dispatch(128, 640, 2304), wg.WgmmaConfig)
     for n, k in [(5120, 6144), (4096, 4096), (640, 2304), (34816, 5120)]:
         for m in range(17, nv.MAX_M_PER_LAUNCH + 1, 37):
-            sk.check_any_config(sk.heuristic_config(m, n, k, arch="sm_90", sm_count=132), n, k, "sm_90")
+            sk.check_any_config(h200_dispatch(m, n, k), n, k, "sm_90")
 
 
 def test_streamk_runs_on_sm90_only():
