@@ -238,7 +238,7 @@ def prepare_nvfp4_weight(
         k=k,
     )
     if device.type == "cuda":
-        _ensure_workspace(device, _tickets_needed(n))
+        _ensure_workspace(device, tickets=_tickets_needed(n))
     return prepared
 
 
@@ -388,7 +388,75 @@ __device__ __forceinline__ void nvfp4_add_partials4(float* acc, const float* src
   const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
   acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
 }
+
+// The marked exchange (``split_k_exchange``): V quadruples of accumulators per thread, `stride`
+// floats apart in a slot, slots `slot_stride` floats apart. Relaxed GPU-scope accesses: the reducer
+// sees a writer's value once it lands in L2, and no L1 answers for it.
+#define NVFP4_PARTIAL_MARK 0xFFFFFFFFu
+__device__ __forceinline__ uint4 nvfp4_load_marked4(const float* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void nvfp4_store_marked4(float* p, uint4 v) {
+  asm volatile("st.relaxed.gpu.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ unsigned nvfp4_unmarked(float f) {  // a NaN with the mark's bits goes as the canonical one
+  const unsigned u = __float_as_uint(f);
+  return u == NVFP4_PARTIAL_MARK ? 0x7FFFFFFFu : u;
+}
+__device__ __forceinline__ bool nvfp4_marked(uint4 v) {
+  return v.x == NVFP4_PARTIAL_MARK || v.y == NVFP4_PARTIAL_MARK || v.z == NVFP4_PARTIAL_MARK || v.w == NVFP4_PARTIAL_MARK;
+}
+// A writer: its piece into its slot.
+template <int V>
+__device__ __forceinline__ void nvfp4_post_partials(float* slot, const float* acc, int stride) {
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    nvfp4_store_marked4(slot + j * stride, make_uint4(nvfp4_unmarked(acc[4 * j]), nvfp4_unmarked(acc[4 * j + 1]),
+                                                      nvfp4_unmarked(acc[4 * j + 2]), nvfp4_unmarked(acc[4 * j + 3])));
+}
+// The reducer, the tile's last split: every piece of the S slots before its own loaded at once, those
+// still marked loaded again until none is, the sum in split order (the ticket exchange's), and the
+// marks put back for the next launch.
+template <int V, int S>
+__device__ __forceinline__ void nvfp4_take_partials(float* acc, float* slot0, int stride, int slot_stride) {
+  uint4 v[S][V];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[s][j] = nvfp4_load_marked4(slot0 + s * slot_stride + j * stride);
+  bool waiting;
+  do {
+    waiting = false;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (nvfp4_marked(v[s][j])) {
+          v[s][j] = nvfp4_load_marked4(slot0 + s * slot_stride + j * stride);
+          waiting = true;
+        }
+  } while (waiting);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      sum.x += __uint_as_float(v[s][j].x); sum.y += __uint_as_float(v[s][j].y);
+      sum.z += __uint_as_float(v[s][j].z); sum.w += __uint_as_float(v[s][j].w);
+    }
+    acc[4 * j] = sum.x + acc[4 * j]; acc[4 * j + 1] = sum.y + acc[4 * j + 1];
+    acc[4 * j + 2] = sum.z + acc[4 * j + 2]; acc[4 * j + 3] = sum.w + acc[4 * j + 3];
+  }
+  const uint4 mark = make_uint4(NVFP4_PARTIAL_MARK, NVFP4_PARTIAL_MARK, NVFP4_PARTIAL_MARK, NVFP4_PARTIAL_MARK);
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < V; ++j) nvfp4_store_marked4(slot0 + s * slot_stride + j * stride, mark);
+}
 """
+PARTIAL_MARK = 0xFFFFFFFF  # NVFP4_PARTIAL_MARK, a NaN: what every word of the marked partials holds between launches
 DEVICE_SOURCE = DEQUANT_SOURCE + PARTIALS_SOURCE  # what every kernel of this family imports
 
 
@@ -454,6 +522,11 @@ class KernelShape(NamedTuple):
     def n32_blocks_per_warp(self) -> int:
         return self.block_n // self.warps_n // FRAG_N
 
+    @property
+    def acc_size(self) -> int:
+        """FP32 accumulators per thread: m16 tiles x n32 blocks x four n8 tiles x four."""
+        return self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16
+
     def reduction_bytes(self) -> int:
         """The FP32 accumulators k groups 1.. hand to group 0 at the end."""
         return (self.warps_k - 1) * self.group_threads * self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16 * 4
@@ -515,7 +588,7 @@ def warp_tile(shape: KernelShape) -> WarpTile:
     mt, nbw = shape.m16_tiles_per_warp, shape.n32_blocks_per_warp
     warp_rows = shape.block_m // shape.warps_m
     kb_per_group = shape.block_k // FRAG_K // shape.warps_k
-    acc_size = mt * nbw * 4 * 4  # m16 tiles x n32 blocks x four n8 tiles x four floats
+    acc_size = shape.acc_size
 
     def acc_index(mi, i, j, c):  # accumulator c of n8 tile j in fragment block i of row tile mi
         return ((mi * nbw + i) * 4 + j) * 4 + c
@@ -600,13 +673,24 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 # CTAs without an exchange (15360x2048, unsplit) took 32.1; with slots it takes 47.7 (H200,
 # 2026-11-30m).
 DENSE_EXCHANGE_MIN_FILL = 2  # M * this > the tile's rows: whole slots, 16 bytes at a time
-# Where a thread's accumulators times the splits are at most this many, the reducing CTA of a dense
-# exchange issues every split's loads at once, the sum still in split order: 4 L2 round trips
-# became one for the skinny kernel at M = 5-8, split 4 (3.5-4.5 % of the call at M = 8 on
-# 5120x6144, 4096x4096 and 6144x4096; H200, 2026-12-01, results/h200_ab_2026-12-01k_exchange_batch.json
-# in maint/gemm/gemm_sm120), and 16-row fragment tiles (16 accumulators) at split 4 took 0-2 more
-# registers (ptxas, sm_90a). Above it, one split at a time (see ``split_k_exchange``).
+# Where a thread's accumulators times the splits are at most this many, the reducing CTA issues
+# every split's loads at once: 4 L2 round trips became one for the skinny kernel at M = 5-8, split 4
+# (3.5-4.5 % of the call at M = 8 on 5120x6144, 4096x4096 and 6144x4096; H200, 2026-12-01,
+# results/h200_ab_2026-12-01k_exchange_batch.json in maint/gemm/gemm_sm120), and 16-row fragment
+# tiles (16 accumulators) at split 4 took 0-2 more registers (ptxas, sm_90a). Those exchanges are
+# also the marked ones (``marked_exchange``). Above it, one split at a time (see ``split_k_exchange``).
 EXCHANGE_BATCH_LOADS = 64
+
+
+def marked_exchange(split_k: int, acc_size: int) -> bool:
+    """Whether a split launch's partials carry their own readiness (``split_k_exchange``): where the
+    reducer loads every piece in one L2 round trip (``acc_size * split_k <= EXCHANGE_BATCH_LOADS``).
+    Against the ticket exchange the skinny kernel took 0.92-0.94x the time at M = 8-16, split 4, and
+    the 16-row fragment tile 0.89x at M = 1, split 4; where the pieces take several trips (two
+    warpgroups of 64 accumulators, split 4) the reducer's polling cost more than the tickets' extra
+    round trips: 1.07x (H200, 2026-12-03, results/h200_ab_2026-12-03a_marked_exchange.json in
+    maint/gemm/gemm_sm120)."""
+    return split_k > 1 and acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
 
 class PartialSlots(NamedTuple):
@@ -655,26 +739,44 @@ def partial_slots(acc_size: int, threads: int) -> PartialSlots:
     return PartialSlots(store, add, element, load)
 
 
-def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None):
-    """The deterministic split-K reduction the kernels of this family share, as a macro.
+class SplitKExchange(NamedTuple):
+    """``split_k_exchange``'s macro, ``run``, and ``reduces(ticket, split_index)``: the condition, the
+    same for every thread of a CTA, under which the CTA holds the tile's sums after ``run``."""
 
-    ``exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the
-    ``owner`` threads (the first ``owner_threads`` of the CTA) hold the accumulators of ``tile``
-    (accumulator ``q`` in output row ``row_of(q)``) and write them to slot ``tile * split_k +
-    split_index`` (``partial_slots``): all of them where ``m * DENSE_EXCHANGE_MIN_FILL >
-    block_rows`` (the tile's rows), else only those of rows below ``m``. The CTA that takes the last
-    ticket of ``tile`` reads every split back in split order (its own included), so the sum does not
-    depend on arrival order, and resets the ticket for the next launch. After it, ``ticket[0] ==
-    split_k - 1`` marks that CTA, whose owners hold the sums in ``acc``. ``sync()`` emits the barrier
-    of the threads that take part (thread 0 among them); by default the whole CTA's.
-    ``split_k_buffers`` sizes ``partials``.
+    run: object
+    reduces: object
 
-    Memory order, the semaphore pattern: the barrier puts the owners' partial stores before thread
-    0's ticket, whose ``acq_rel`` atomic releases them at GPU scope (release is cumulative) and
-    acquires those of the CTAs before it; the second barrier passes that on to the owners, whose
-    ``__ldcg`` loads skip L1. With a ``__threadfence`` (``MEMBAR.SC.GPU`` in every thread) before
-    the ticket and another after it, the skinny kernel's split configs took 0.2-0.35 us more per
-    call at M = 1-4 (H200, 2026-12-01, NOTES twenty-ninth session).
+
+def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None) -> SplitKExchange:
+    """The deterministic split-K reduction the kernels of this family share.
+
+    ``run(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the ``owner``
+    threads (the first ``owner_threads`` of the CTA) hold the accumulators of ``tile`` (accumulator
+    ``q`` in output row ``row_of(q)``) and write them to slot ``tile * split_k + split_index``
+    (``partial_slots``) of ``partials`` (sized by ``split_k_buffers``). One CTA of the tile reads
+    every split back and adds them in split order, so the sum does not depend on arrival order and
+    is the same in both forms below; afterwards its owners hold the sums in ``acc``.
+
+    Marked (``marked_exchange``): ``partials`` is the device's marked workspace, every word
+    PARTIAL_MARK (a NaN) between launches. The tile's last split reduces: the others post their
+    pieces, whole slots; it loads them all at once, loads again those still marked, adds, and marks
+    them again for the next launch (PARTIALS_SOURCE). No barrier, fence or atomic sits between the
+    last MMA and the sum: one L2 round trip where the ticket takes three. The reducer waits only for
+    CTAs before it in launch order (the split index is a slower grid index than the tile's column,
+    or, split fastest, the tile's splits are consecutive), so it never waits for one that cannot
+    start: GPUs start a grid's CTAs in launch order.
+
+    Ticket (otherwise): the pieces go to fresh partials: whole slots where ``m *
+    DENSE_EXCHANGE_MIN_FILL > block_rows`` (the tile's rows), else only the accumulators of rows
+    below ``m``. The CTA that takes the last of the tile's tickets reads every split back (its own
+    included) and resets the ticket for the next launch. ``sync()`` emits the barrier of the threads
+    that take part (thread 0 among them); by default the whole CTA's. Memory order, the semaphore
+    pattern: the barrier puts the owners' partial stores before thread 0's ticket, whose ``acq_rel``
+    atomic releases them at GPU scope (release is cumulative) and acquires those of the CTAs before
+    it; the second barrier passes that on to the owners, whose ``__ldcg`` loads skip L1. With a
+    ``__threadfence`` (``MEMBAR.SC.GPU`` in every thread) before the ticket and another after it,
+    the skinny kernel's split configs took 0.2-0.35 us more per call at M = 1-4 (H200, 2026-12-01,
+    NOTES twenty-ninth session).
     """
     import tilelang.language as T
 
@@ -683,7 +785,18 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     batched = acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
     @T.macro
-    def exchange(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
+    def marked(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
+        if owner:
+            stride = owner_threads * 4  # floats between a thread's quadruples (``partial_slots``)
+            if split_index < split_k - 1:
+                post = f"nvfp4_post_partials<{acc_size // 4}>"
+                T.evaluate(T.call_extern("handle", post, T.address_of(partials[slots.element(tile * split_k + split_index, 0, tx)]), T.address_of(acc[0]), stride))
+            else:
+                take = f"nvfp4_take_partials<{acc_size // 4}, {split_k - 1}>"
+                T.evaluate(T.call_extern("handle", take, T.address_of(acc[0]), T.address_of(partials[slots.element(tile * split_k, 0, tx)]), stride, acc_size * owner_threads))
+
+    @T.macro
+    def ticketed(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
         dense = m * DENSE_EXCHANGE_MIN_FILL > block_rows
         if owner:
             if dense:
@@ -714,7 +827,9 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
             if tx == 0:
                 tickets[tile] = 0
 
-    return exchange
+    if marked_exchange(split_k, acc_size):
+        return SplitKExchange(marked, lambda ticket, split_index: split_index == split_k - 1)
+    return SplitKExchange(ticketed, lambda ticket, split_index: ticket[0] == split_k - 1)
 
 
 class Operands(NamedTuple):
@@ -821,8 +936,8 @@ def build_kernel(n: int, k: int, shape: KernelShape):
             else:
                 row0, _ = wt.origin(bm, bn, lane, warp_m, warp_n)
                 ticket = T.alloc_shared((1,), T.int32)
-                exchange(acc, lambda q: row0 + wt.acc_row(q), partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0)
-                if ticket[0] == split_k - 1:  # the same for every thread: the CTA stores together
+                exchange.run(acc, lambda q: row0 + wt.acc_row(q), partials, tickets, ticket, bm * (n // bn_) + bn, bk, M, tx, warp_k == 0)
+                if exchange.reduces(ticket, bk):  # the same for every thread: the CTA stores together
                     wt.staged_store(acc, out_tile, y, alpha_x128, bm, bn, lane, warp_m, warp_n, warp_k == 0, M, tx)
 
     return nvfp4_w4a16_gemm
@@ -1087,16 +1202,19 @@ def _kernel_for(n: int, k: int, config: Config, device: torch.device):
 
 @dataclasses.dataclass
 class _Workspace:
-    """Per-device split-K state: self-resetting tickets and a one-element stand-in for partials."""
+    """Per-device split-K state: self-resetting tickets, the marked partials (every word PARTIAL_MARK
+    between launches; grown by ``split_k_buffers``) and a one-element stand-in for partials."""
 
     tickets: torch.Tensor
+    marked_partials: torch.Tensor
     no_partials: torch.Tensor
 
 
 _WORKSPACES: dict[torch.device, _Workspace] = {}
-# Workspaces outgrown by a larger weight, kept alive: a CUDA graph captured before the growth still
-# launches with their tickets, which reset themselves as the new ones do. Freed, their memory would
-# go to other tensors, and a split-K launch replayed from such a graph would count on it.
+# Workspaces outgrown by a larger weight or launch, kept alive: a CUDA graph captured before the
+# growth still launches with their tickets and marked partials, which every launch leaves reset and
+# marked as the new ones. Freed, their memory would go to other tensors, and a split-K launch
+# replayed from such a graph would count on it.
 _OUTGROWN_WORKSPACES: list[_Workspace] = []
 
 
@@ -1104,20 +1222,27 @@ def _tickets_needed(n: int) -> int:
     return n // FRAG_N * (MAX_M_PER_LAUNCH // 16)  # one per output tile of the smallest tiles
 
 
-def _ensure_workspace(device: torch.device, tickets: int) -> _Workspace:
+def _ensure_workspace(device: torch.device, tickets: int = 0, marked_partials: int = 0) -> _Workspace:
+    """The device's workspace, grown to at least ``tickets`` tickets and ``marked_partials`` FP32
+    partials (to the next power of two, so that launches of growing M do not grow it every time)."""
     ws = _WORKSPACES.get(device)
-    if ws is None or ws.tickets.numel() < tickets:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"the split-K workspace for {device} must be created outside a CUDA-graph capture: "
-                "call prepare_nvfp4_weight on this device before capturing"
-            )
-        if ws is not None:
-            _OUTGROWN_WORKSPACES.append(ws)
-        ws = _WORKSPACES[device] = _Workspace(
-            tickets=torch.zeros(max(tickets, 1), dtype=torch.int32, device=device),
-            no_partials=torch.zeros(1, dtype=torch.float32, device=device),
+    if ws is not None and ws.tickets.numel() >= tickets and ws.marked_partials.numel() >= marked_partials:
+        return ws
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"the split-K workspace for {device} must be created or grown outside a CUDA-graph capture: "
+            "call prepare_nvfp4_weight on this device, and run each call to be captured once (the same "
+            "weight shape, M and config), before capturing"
         )
+    if ws is not None:
+        _OUTGROWN_WORKSPACES.append(ws)
+        tickets, marked_partials = max(tickets, ws.tickets.numel()), max(marked_partials, ws.marked_partials.numel())
+    marked_partials = 1 << (marked_partials - 1).bit_length() if marked_partials else 0
+    ws = _WORKSPACES[device] = _Workspace(
+        tickets=torch.zeros(max(tickets, 1), dtype=torch.int32, device=device),
+        marked_partials=torch.full((marked_partials,), PARTIAL_MARK - 2**32, dtype=torch.int32, device=device).view(torch.float32),
+        no_partials=torch.zeros(1, dtype=torch.float32, device=device),
+    )
     return ws
 
 
@@ -1135,23 +1260,27 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[device.index]
 
 
-def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows: FP32 partials for
-    ``split_k`` pieces of every tile, padded rows included (``split_k_exchange``; a stand-in without
-    a split), and the device's self-resetting tickets."""
-    ws = _ensure_workspace(w.device, _tickets_needed(w.n))
+def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows and whose threads
+    hold ``acc_size`` accumulators: FP32 partials for ``split_k`` pieces of every tile, padded rows
+    included (``split_k_exchange``: from the device's marked workspace where ``marked_exchange``,
+    else fresh; a stand-in without a split), and the device's self-resetting tickets."""
+    ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n))
     if split_k == 1:
         return ws.no_partials, ws.tickets
     size = split_k * -(-x.shape[0] // block_rows) * block_rows * w.n
     if size >= 2**31:
         raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
+    if marked_exchange(split_k, acc_size):
+        ws = _ensure_workspace(w.device, marked_partials=size)
+        return ws.marked_partials, ws.tickets
     return torch.empty(size, dtype=torch.float32, device=x.device), ws.tickets
 
 
 def launch(x: torch.Tensor, w: NVFP4W4A16Weight, config: Config, out: torch.Tensor) -> None:
     """One launch of the fragment or tile kernel on checked inputs (at most 1024 rows)."""
     shape = config.kernel_shape()
-    partials, tickets = split_k_buffers(x, w, shape.split_k, shape.block_m)
+    partials, tickets = split_k_buffers(x, w, shape.split_k, shape.block_m, shape.acc_size)
     _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)
 
 

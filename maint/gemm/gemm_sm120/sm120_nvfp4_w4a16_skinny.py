@@ -791,8 +791,8 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
                 if owner:
                     store(acc, y, alpha_x128, bn, warp, lane, M)
             else:
-                exchange(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, owner)
-                if ticket[0] == split_k - 1 and owner:
+                exchange.run(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, owner)
+                if exchange.reduces(ticket, bk) and owner:
                     store(acc, y, alpha_x128, bn, warp, lane, M)
 
     return nvfp4_w4a16_skinny
@@ -823,5 +823,5 @@ def launch_skinny(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: SkinnyCo
     kernel = _KERNELS.get(key)
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
         kernel = _KERNELS[key] = compile_skinny(w.n, w.k, config, example.device_arch(w.device))
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles, config.accumulators)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

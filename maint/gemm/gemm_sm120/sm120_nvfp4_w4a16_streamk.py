@@ -627,7 +627,7 @@ def _run_streamk(x, w, config, out, iterations: int, tile_floats: int, key, comp
     kernel = _STREAMK_KERNELS.get(key)
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
         kernel = _STREAMK_KERNELS[key] = compile_fn()
-    ws = example._ensure_workspace(w.device, example._tickets_needed(w.n))
+    ws = example._ensure_workspace(w.device, tickets=example._tickets_needed(w.n))
     partials = torch.empty(grid * PARTIAL_SLOTS_PER_CTA * tile_floats, dtype=torch.float32, device=x.device)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, ws.tickets, grid, *scalars)
 

@@ -1293,8 +1293,8 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
         else:
             ticket = T.alloc_shared((1,), T.int32)
-            exchange(acc, row_of, partials, tickets, ticket, bm * (n // rows) + bn, split_index, M, tx, True)
-            if ticket[0] == split_k - 1:
+            exchange.run(acc, row_of, partials, tickets, ticket, bm * (n // rows) + bn, split_index, M, tx, True)
+            if exchange.reduces(ticket, split_index):
                 pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
 
     @T.macro
@@ -1374,5 +1374,5 @@ def launch_wgmma(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: WgmmaConf
     key = (w.n, w.k, config, w.device.index)
     if key not in _KERNELS:
         _KERNELS[key] = compile_wgmma(w.n, w.k, config)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, operand_sizes(config.block_x, config.block_k, config.warpgroups)[1])
     _KERNELS[key](x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

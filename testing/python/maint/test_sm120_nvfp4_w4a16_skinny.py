@@ -370,13 +370,14 @@ def test_split_index_sits_on_the_grid_axis_the_order_says(split_fastest):
 
 
 def test_split_exchange_loads_every_split_at_once():
-    """8 accumulators x 4 splits are within EXCHANGE_BATCH_LOADS: the dense exchange (M = 5-8 of an
-    8-row block) unrolls its loop over the splits, so all its loads go out in one L2 round trip."""
+    """8 accumulators x 4 splits are within EXCHANGE_BATCH_LOADS: the exchange is the marked one, whose
+    reducer loads the other three splits' 2 quadruples each in one L2 round trip, with no atomic."""
     config = S(8, 1, 4, 4, 4, 5, False)
     assert config.accumulators * config.split_k <= sk.example.EXCHANGE_BATCH_LOADS
     source = skinny.compile_skinny(5120, 6144, config, "sm_90").get_kernel_source()
-    pragmas = re.findall(r"(#pragma unroll(?: \d+)?)\s*\n\s*for \(int sk\b", source)
-    assert pragmas and "#pragma unroll 1" not in pragmas
+    body = source[source.index("__global__") :]
+    assert re.findall(r"nvfp4_(post|take)_partials<([\d, ]+)>", body) == [("post", "2"), ("take", "2, 3")]
+    assert "Atomic" not in body and "__threadfence" not in body
 
 
 # ---------------------------------------------------------------- GPU: results
@@ -463,6 +464,17 @@ def test_graph_replays_match_eager(stage_x):
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(6, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
+
+
+@needs_gpu
+@pytest.mark.parametrize("m, n, k, config", [c for c in REFERENCE_CASES if c[3].split_k > 1][::4])
+def test_split_calls_leave_every_partial_marked(m, n, k, config):
+    """Between calls every word of the marked partials holds the mark again (``example.split_k_exchange``):
+    a word left unmarked would pass for a piece in the next call."""
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
+    sk.nvfp4_w4a16_linear(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), w, config)
+    torch.cuda.synchronize()
+    assert (nv._WORKSPACES[w.device].marked_partials.view(torch.int32) == nv.PARTIAL_MARK - 2**32).all()
 
 
 @needs_gpu

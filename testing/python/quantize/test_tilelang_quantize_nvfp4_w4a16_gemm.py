@@ -9,6 +9,7 @@ DESIGN.md section 8, determinism, CUDA graphs.
 import pathlib
 import re
 import sys
+import types
 
 import pytest
 import torch
@@ -287,24 +288,58 @@ def test_kernels_compile(arch, config):
     assert "*(uint4*)(y + " in source and not re.findall(r"\by\[", source)
 
 
-def split_loops(source: str) -> list:
-    """The unroll pragma before each loop over the splits in a kernel's CUDA source."""
-    return re.findall(r"(#pragma unroll(?: \d+)?)\s*\n\s*for \(int sk\b", source)
+def kernel_body(source: str) -> str:
+    """A kernel's CUDA source from its ``__global__`` function on (the imported helpers left out)."""
+    return source[source.index("__global__") :]
 
 
 @pytest.mark.parametrize("split_k", [4, 8])
-def test_split_exchange_orders_by_one_acq_rel_ticket(split_k):
-    """No fence: the ticket's acq_rel atomic orders the partials (TileLang passes the memory order as
-    an int, cuda::std::memory_order_acq_rel = 4). A 16-row fragment tile holds 16 accumulators per
-    thread: at split 4 they are within EXCHANGE_BATCH_LOADS and the dense exchange's loop over the
-    splits unrolls, at split 8 it adds one split at a time."""
+def test_split_exchange_form_follows_the_loads_per_thread(split_k):
+    """A 16-row fragment tile holds 16 accumulators (4 quadruples) per thread. At split 4 they are
+    within EXCHANGE_BATCH_LOADS: the marked exchange, no fence, atomic or barrier of its own (TileLang
+    puts one barrier before the reducer's staged store, which sits in a branch); its reducer takes
+    the other 3 splits' pieces at once. At split 8 the ticket exchange: one acq_rel atomic
+    (TileLang passes the memory order as an int, cuda::std::memory_order_acq_rel = 4), no fence,
+    and one split's loads at a time."""
     config = COMPILE_CONFIGS[0]._replace(split_k=split_k)
-    batched = 16 * split_k <= nv.EXCHANGE_BATCH_LOADS
-    source = nv.compile_kernel(5120, 6144, config, "sm_90").get_kernel_source()
-    assert "__threadfence" not in source
-    assert re.findall(r"AtomicAddRet\(\(&\(tickets\[[^]]*\]\)\), 1, (\d)\)", source) == ["4"]
-    pragmas = split_loops(source)
-    assert pragmas and ("#pragma unroll 1" not in pragmas) == batched
+    marked = nv.marked_exchange(split_k, config.kernel_shape().acc_size)
+    assert marked == (split_k == 4)
+    body = kernel_body(nv.compile_kernel(5120, 6144, config, "sm_90").get_kernel_source())
+    assert "__threadfence" not in body
+    if marked:
+        unsplit = kernel_body(nv.compile_kernel(5120, 6144, config._replace(split_k=1), "sm_90").get_kernel_source())
+        assert "Atomic" not in body and body.count("__syncthreads") <= unsplit.count("__syncthreads") + 1
+        assert re.findall(r"nvfp4_(post|take)_partials<([\d, ]+)>", body) == [("post", "4"), ("take", "4, 3")]
+    else:
+        assert re.findall(r"AtomicAddRet\(\(&\(tickets\[[^]]*\]\)\), 1, (\d)\)", body) == ["4"]
+        assert "#pragma unroll 1" in re.findall(r"(#pragma unroll(?: \d+)?)\s*\n\s*for \(int sk\b", body)
+        assert "_partials<" not in body
+
+
+def test_marked_partials_load_and_store_relaxed_at_gpu_scope():
+    """The reducer sees a writer's piece once it lands in L2: relaxed GPU-scope accesses, not weak
+    ones an L1 could answer; a value with the mark's bits goes as the canonical NaN."""
+    helpers = nv.PARTIALS_SOURCE
+    assert "ld.relaxed.gpu.global.v4.b32" in helpers and "st.relaxed.gpu.global.v4.b32" in helpers
+    assert f"#define NVFP4_PARTIAL_MARK {nv.PARTIAL_MARK:#X}u".replace("0X", "0x") in helpers
+    assert "0x7FFFFFFFu" in helpers
+
+
+def test_split_k_buffers_hand_out_marked_partials_only_to_marked_exchanges(monkeypatch):
+    """``marked_exchange`` picks the partials: the device's marked workspace, grown to a power of two,
+    or fresh memory the ticket exchange may leave as it likes (CPU tensors stand in)."""
+    monkeypatch.setattr(nv, "_WORKSPACES", {})
+    monkeypatch.setattr(nv, "_OUTGROWN_WORKSPACES", [])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu = torch.device("cpu")
+    w, x = types.SimpleNamespace(n=256, device=cpu), torch.zeros(3, 64)
+    assert nv.split_k_buffers(x, w, 1, 16, 16)[0] is nv._WORKSPACES[cpu].no_partials
+    marked, tickets = nv.split_k_buffers(x, w, 4, 16, 16)
+    assert marked is nv._WORKSPACES[cpu].marked_partials and marked.numel() == 4 * 16 * 256
+    assert tickets is nv._WORKSPACES[cpu].tickets
+    fresh, _ = nv.split_k_buffers(x, w, 4, 16, 64)
+    assert fresh.numel() == 4 * 16 * 256 and fresh.data_ptr() != marked.data_ptr()
+    assert not nv.marked_exchange(1, 16) and nv.marked_exchange(4, 16) and not nv.marked_exchange(8, 16)
 
 
 def test_parallel_precompile_runs_on_a_cpu_machine():
@@ -494,23 +529,30 @@ def test_first_call_inside_a_graph_sharing_a_pool():
 
 
 def test_outgrown_workspace_stays_alive(monkeypatch):
-    """A larger weight replaces the device's workspace; the old one is kept for the graphs that were
-    captured with it (CPU tensors stand in for the device's)."""
+    """A larger weight or launch replaces the device's workspace; the old one is kept for the graphs
+    that were captured with it (CPU tensors stand in for the device's). Marked partials grow to a
+    power of two, every word the mark."""
     monkeypatch.setattr(nv, "_WORKSPACES", {})
     monkeypatch.setattr(nv, "_OUTGROWN_WORKSPACES", [])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     cpu = torch.device("cpu")
-    small = nv._ensure_workspace(cpu, 8)
-    assert nv._ensure_workspace(cpu, 8) is small and not nv._OUTGROWN_WORKSPACES
-    large = nv._ensure_workspace(cpu, 64)
-    assert large.tickets.numel() == 64 and nv._OUTGROWN_WORKSPACES == [small]
-    assert nv._ensure_workspace(cpu, 16) is large
+    small = nv._ensure_workspace(cpu, tickets=8)
+    assert nv._ensure_workspace(cpu, tickets=8) is small and not nv._OUTGROWN_WORKSPACES
+    large = nv._ensure_workspace(cpu, tickets=64)
+    assert large.tickets.numel() == 64 and large.marked_partials.numel() == 0 and nv._OUTGROWN_WORKSPACES == [small]
+    assert nv._ensure_workspace(cpu, tickets=16) is large
+    marked = nv._ensure_workspace(cpu, marked_partials=100)
+    assert marked.tickets.numel() == 64 and marked.marked_partials.numel() == 128 and marked.marked_partials.dtype == torch.float32
+    assert (marked.marked_partials.view(torch.int32) == nv.PARTIAL_MARK - 2**32).all()
+    assert nv._ensure_workspace(cpu, marked_partials=128) is marked and nv._OUTGROWN_WORKSPACES == [small, large]
 
 
 @needs_gpu
-def test_graph_captured_before_a_larger_weight_still_matches_eager():
-    """A split-K graph captured before a larger weight grew the workspace replays correctly after it."""
+def test_graph_captured_before_the_workspace_grew_still_matches_eager():
+    """A split-K graph captured before a larger weight and a larger launch grew the workspace (tickets,
+    then marked partials) replays correctly after it."""
     n, k, config = 512, 1024, nv.FragConfig(16, 128, 128, split_k=4, stages=2)
+    assert nv.marked_exchange(4, config.kernel_shape().acc_size)
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
     nv.nvfp4_w4a16_linear(x, w, config)
@@ -518,16 +560,59 @@ def test_graph_captured_before_a_larger_weight_still_matches_eager():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = nv.nvfp4_w4a16_linear(x, w, config)
-    tickets = nv._WORKSPACES[w.device].tickets
-    nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(tickets.numel() // (nv.MAX_M_PER_LAUNCH // 16) * nv.FRAG_N * 2, 256, "cuda"))
-    assert nv._WORKSPACES[w.device].tickets is not tickets  # grown
-    padding = torch.full((tickets.numel(),), 7, dtype=torch.int32, device="cuda")  # what reused memory would hold
+    ws = nv._WORKSPACES[w.device]
+    wide = (ws.tickets.numel() // (nv.MAX_M_PER_LAUNCH // 16) + 1) * nv.FRAG_N * 2  # needs more tickets
+    wide = max(wide, ws.marked_partials.numel() // (4 * nv.MAX_M_PER_LAUNCH) + 1)  # and more partials
+    wide = -(-wide // 128) * 128  # whole 128-row tiles
+    big = torch.randn(nv.MAX_M_PER_LAUNCH, k, device="cuda", dtype=torch.bfloat16)
+    nv.nvfp4_w4a16_linear(big, nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(wide, k, "cuda")), config)
+    grown = nv._WORKSPACES[w.device]
+    assert grown.tickets.numel() > ws.tickets.numel() and grown.marked_partials.numel() > ws.marked_partials.numel()
+    padding = torch.full((ws.tickets.numel() + ws.marked_partials.numel(),), 7, dtype=torch.int32, device="cuda")  # what reused memory would hold
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, nv.nvfp4_w4a16_linear(x, w, config))
     del padding
+
+
+@needs_gpu
+def test_split_launches_leave_every_partial_marked():
+    """Every word of the marked partials holds the mark between launches (a word left unmarked would
+    pass for a piece in the next launch), whichever form the exchange takes, also where a NaN in x
+    makes NaN pieces: nothing hangs, the NaN stays in its row."""
+    w = nv.prepare_nvfp4_weight(*(raw := nv.random_nvfp4_weight(512, 2048, "cuda")))
+    for m, config in [
+        (1, nv.FragConfig(16, 128, 128, split_k=4, stages=2)),  # marked
+        (13, nv.FragConfig(16, 128, 128, split_k=4, stages=2)),  # marked
+        (13, nv.FragConfig(16, 128, 128, split_k=8, stages=2)),  # ticket
+        (40, nv.TileConfig(64, 128, 64, 2, 2, split_k=4, stages=4)),  # ticket
+    ]:
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        assert_ok(nv.compare_with_reference(nv.nvfp4_w4a16_linear(x, w, config), nv.reference_nvfp4_linear(x, *raw)))
+        x[0, 5] = float("nan")
+        y = nv.nvfp4_w4a16_linear(x, w, config)
+        torch.cuda.synchronize()
+        assert torch.isnan(y[0]).all() and torch.isfinite(y[1:]).all()
+        assert (nv._WORKSPACES[w.device].marked_partials.view(torch.int32) == nv.PARTIAL_MARK - 2**32).all()
+
+
+@needs_gpu
+def test_capture_that_must_grow_the_marked_partials_raises():
+    """A marked split-K launch inside a capture finds its partials already there or raises, the
+    workspace unchanged: marking new ones would have to be part of the graph."""
+    ws = nv._ensure_workspace(torch.device("cuda", torch.cuda.current_device()))
+    n = (ws.marked_partials.numel() // (4 * nv.MAX_M_PER_LAUNCH * 128) + 1) * 128  # needs more than there is
+    w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, 1024, "cuda"))
+    ws = nv._WORKSPACES[w.device]
+    config = nv.FragConfig(16, 128, 128, split_k=4, stages=2)
+    x = torch.randn(nv.MAX_M_PER_LAUNCH, 1024, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="run each call to be captured once"):
+        with torch.cuda.graph(graph):
+            nv.nvfp4_w4a16_linear(x, w, config)
+    assert nv._WORKSPACES[w.device] is ws
 
 
 @needs_gpu
