@@ -1517,7 +1517,7 @@ SPECIAL_SCALE_CONFIGS = [
 ]
 GRAPH_CONFIGS = [
     wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((96, 1), (208, 2)) for s in (1, 4) for t in (False, True)
-]
+] + [wg.WgmmaConfig(32, 128, 5, split_k=3, tma_loads=True, warpgroups=2, producer=True)]  # the marked exchange
 REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
     (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
@@ -1695,6 +1695,8 @@ def test_graph_replays_match_eager(config):
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
+    if config.split_k > 1:  # marked or not, the split launches leave every marked partial marked
+        assert (nv._WORKSPACES[w.device].marked_partials.view(torch.int32) == nv.PARTIAL_MARK - 2**32).all()
 
 
 def test_deepest_stages_keep_two_ctas_per_sm():
