@@ -664,9 +664,11 @@ def warp_tile(shape: KernelShape) -> WarpTile:
 
 # How a split tile's partials travel: each CTA writes its piece to a slot of the tile, in fragment
 # order (``PartialSlots``), and the CTA that reduces the tile reads the slots back. Every address is
-# the slot's base plus a constant. Where more than half of the tile's rows are real, the whole slot
-# moves, four accumulators per 16-byte access, one split at a time. Elsewhere (M = 1 in a 16-row
-# tile: 2 of 16 accumulators real) only the real rows move, one accumulator at a time under its
+# the slot's base plus a constant. The marked exchange (``marked_exchange``) moves whole slots, four
+# accumulators per 16-byte access: guarding each quadruple by its rows (a runtime mask) cost 1.5-2.3
+# us a call in branches around every access (H200, 2026-12-03). The ticket exchange moves whole
+# slots where more than half of the tile's rows are real, one split at a time; elsewhere (M = 1 in a
+# 16-row tile: 2 of 16 accumulators real) only the real rows, one accumulator at a time under its
 # row guard; nvcc then issues the loads one accumulator after another, but there are few of them.
 # Row-major partials, [split, M, N], needed a 64-bit address per accumulator, and two warpgroups of
 # 128 accumulators spilled registers: 5120x6144 at M = 256, split 3, took 72.2 us where the same
@@ -685,11 +687,12 @@ EXCHANGE_BATCH_LOADS = 64
 def marked_exchange(split_k: int, acc_size: int) -> bool:
     """Whether a split launch's partials carry their own readiness (``split_k_exchange``): where the
     reducer loads every piece in one L2 round trip (``acc_size * split_k <= EXCHANGE_BATCH_LOADS``).
-    Against the ticket exchange the skinny kernel took 0.92-0.94x the time at M = 8-16, split 4, and
-    the 16-row fragment tile 0.89x at M = 1, split 4; where the pieces take several trips (two
-    warpgroups of 64 accumulators, split 4) the reducer's polling cost more than the tickets' extra
-    round trips: 1.07x (H200, 2026-12-03, results/h200_ab_2026-12-03a_marked_exchange.json in
-    maint/gemm/gemm_sm120)."""
+    Against the ticket exchange the skinny kernel took 0.89-0.97x the time at M = 1-16 (split 2 and
+    4, twelve cells) and the 16-row fragment tile 0.89x at M = 1, split 4; wgmma tiles of 24-48 rows
+    0.94-1.03x, within the runs' noise (an unchanged cell moved 2 %). Where every piece took several
+    trips (two warpgroups of 64 accumulators, split 4) the reducer's polling cost more than the
+    tickets' extra round trips: 1.07x (H200, 2026-12-03,
+    results/h200_ab_2026-12-03a_marked_exchange.json in maint/gemm/gemm_sm120)."""
     return split_k > 1 and acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
 
@@ -784,16 +787,21 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     slots = partial_slots(acc_size, owner_threads)
     batched = acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
+    post = f"nvfp4_post_partials<{acc_size // 4}>"  # PARTIALS_SOURCE
+    take = f"nvfp4_take_partials<{acc_size // 4}, {split_k - 1}>"
+    quad_stride, slot_floats = owner_threads * 4, acc_size * owner_threads  # ``partial_slots``' layout
+
+    def piece(partials, slot, tx):
+        """Where thread ``tx``'s piece starts in ``slot`` (an expression: a name bound to the load fails codegen)."""
+        return T.address_of(partials[slots.element(slot, 0, tx)])
+
     @T.macro
     def marked(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):
         if owner:
-            stride = owner_threads * 4  # floats between a thread's quadruples (``partial_slots``)
             if split_index < split_k - 1:
-                post = f"nvfp4_post_partials<{acc_size // 4}>"
-                T.evaluate(T.call_extern("handle", post, T.address_of(partials[slots.element(tile * split_k + split_index, 0, tx)]), T.address_of(acc[0]), stride))
+                T.evaluate(T.call_extern("handle", post, piece(partials, tile * split_k + split_index, tx), T.address_of(acc[0]), quad_stride))
             else:
-                take = f"nvfp4_take_partials<{acc_size // 4}, {split_k - 1}>"
-                T.evaluate(T.call_extern("handle", take, T.address_of(acc[0]), T.address_of(partials[slots.element(tile * split_k, 0, tx)]), stride, acc_size * owner_threads))
+                T.evaluate(T.call_extern("handle", take, T.address_of(acc[0]), piece(partials, tile * split_k, tx), quad_stride, slot_floats))
 
     @T.macro
     def ticketed(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner):

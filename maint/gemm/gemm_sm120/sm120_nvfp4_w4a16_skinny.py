@@ -168,7 +168,7 @@ class SkinnyConfig(NamedTuple):
         return self.warps * self.depth * self.x_tiles * X_TILE_ROWS * 32
 
     def shared_bytes(self, k: int) -> int:
-        """x (``x_elements``), the zero slot, the warps' handoff, the exchange's ticket."""
+        """x (``x_elements``), the zero slot, the warps' handoff, the ticket exchange's ticket."""
         handoff = (self.warps - self.warps_n) * self.accumulators * 32 * 4
         return self.x_elements(k) * 2 + ZERO_SLOT_BYTES + handoff + 16
 

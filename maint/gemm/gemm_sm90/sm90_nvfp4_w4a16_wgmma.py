@@ -1374,5 +1374,6 @@ def launch_wgmma(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: WgmmaConf
     key = (w.n, w.k, config, w.device.index)
     if key not in _KERNELS:
         _KERNELS[key] = compile_wgmma(w.n, w.k, config)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, operand_sizes(config.block_x, config.block_k, config.warpgroups)[1])
+    _, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, acc_size)
     _KERNELS[key](x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)
