@@ -785,7 +785,6 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
 
     sync = sync or T.sync_threads
     slots = partial_slots(acc_size, owner_threads)
-    batched = acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
     post = f"nvfp4_post_partials<{acc_size // 4}>"  # PARTIALS_SOURCE
     take = f"nvfp4_take_partials<{acc_size // 4}, {split_k - 1}>"
@@ -821,10 +820,11 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
             for q in T.unroll(acc_size):
                 acc[q] = 0.0
             if dense:
-                # Past EXCHANGE_BATCH_LOADS one split at a time (#pragma unroll 1): unrolled, every
-                # split's loads went in flight together and the register count, which holds for the
-                # whole kernel, rose (16-row fragment tile at split 8: 160 against 96; ptxas, sm_90a).
-                for sk in T.unroll(split_k, annotations=None if batched else {"pragma_unroll_factor": 1}):
+                # One split at a time (#pragma unroll 1): the ticket form runs past EXCHANGE_BATCH_LOADS
+                # (within it the exchange is marked), where unrolled, every split's loads went in
+                # flight together and the register count, which holds for the whole kernel, rose
+                # (16-row fragment tile at split 8: 160 against 96; ptxas, sm_90a).
+                for sk in T.unroll(split_k, annotations={"pragma_unroll_factor": 1}):
                     slots.add(acc, partials, tile * split_k + sk, tx)
             else:
                 for q in T.unroll(acc_size):
