@@ -1268,15 +1268,18 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[device.index]
 
 
-def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split_k_buffers(
+    x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int, split_n: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows and whose threads
-    hold ``acc_size`` accumulators: FP32 partials for ``split_k`` pieces of every tile, padded rows
-    included (``split_k_exchange``: from the device's marked workspace where ``marked_exchange``,
-    else fresh; a stand-in without a split), and the device's self-resetting tickets."""
+    hold ``acc_size`` accumulators: FP32 partials for ``split_k`` pieces of every tile of the first
+    ``split_n`` weight rows' worth (all of them by default), padded rows included
+    (``split_k_exchange``: from the device's marked workspace where ``marked_exchange``, else fresh;
+    a stand-in without a split), and the device's self-resetting tickets."""
     ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n))
     if split_k == 1:
         return ws.no_partials, ws.tickets
-    size = split_k * -(-x.shape[0] // block_rows) * block_rows * w.n
+    size = split_k * -(-x.shape[0] // block_rows) * block_rows * (split_n or w.n)
     if size >= 2**31:
         raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
     if marked_exchange(split_k, acc_size):

@@ -99,7 +99,9 @@ class SkinnyConfig(NamedTuple):
     blocks, loaded ``max(1, depth // wgmma)`` chunks ahead; ``split_fastest``: the CTAs are numbered
     split first (blockIdx.x is the split), so that where the SM count is a multiple of ``split_k`` the
     CTAs an SM holds at once share one K range and read its x through L1 together (see
-    ``build_skinny_kernel``)."""
+    ``build_skinny_kernel``); ``tail_tiles``: 0 to split every CTA column (weight-row block) ``split_k``
+    ways, else only the last ``tail_tiles`` of them, the others running whole CTAs first (see
+    ``build_skinny_kernel``: the tail evens out the SMs' work where the columns fill no whole wave)."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -111,8 +113,9 @@ class SkinnyConfig(NamedTuple):
     warps_n: int = 1
     wgmma: int = 0
     split_fastest: bool = False
+    tail_tiles: int = 0
 
-    FIELD_MINIMUMS = {"wgmma": 0}  # 0: the mma.sync form
+    FIELD_MINIMUMS = {"wgmma": 0, "tail_tiles": 0}  # wgmma 0: the mma.sync form; tail_tiles 0: no tail
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
     SHARED_BYTES_PER_CTA = 1 << 30  # the example's check is not this kernel's: see ``shared_bytes``
 
@@ -144,13 +147,21 @@ class SkinnyConfig(NamedTuple):
         """FP32 accumulators per thread: two m16 tiles per weight block, four per (m16, n8) tile."""
         return self.rows_per_warp * 2 * self.x_tiles * 4
 
-    def cta_blocks(self, k: int) -> int:
-        """k32 blocks of a CTA's K range."""
-        return k // example.FRAG_K // self.split_k
+    def columns(self, n: int) -> int:
+        """CTA columns: blocks of ``32 rows_per_warp warps_n`` weight rows."""
+        return n // (example.FRAG_N * self.rows_per_warp * self.warps_n)
 
-    def warp_blocks(self, k: int) -> int:
-        """k32 blocks of a warp's K slice."""
-        return self.cta_blocks(k) // self.warps_k
+    def ctas(self, n: int) -> int:
+        """The grid's CTAs: ``split_k`` per column, or per tail column and one per other column."""
+        return self.columns(n) + self.tail_tiles * (self.split_k - 1) if self.tail_tiles else self.columns(n) * self.split_k
+
+    def cta_blocks(self, k: int, pieces: int = 0) -> int:
+        """k32 blocks of a CTA's K range where a column is cut in ``pieces`` (default ``split_k``)."""
+        return k // example.FRAG_K // (pieces or self.split_k)
+
+    def warp_blocks(self, k: int, pieces: int = 0) -> int:
+        """k32 blocks of a warp's K slice (``cta_blocks``)."""
+        return self.cta_blocks(k, pieces) // self.warps_k
 
     def depth_within(self, k: int) -> "SkinnyConfig":
         """This config with its ring no deeper than a warp's k32 blocks at this K (at least 1)."""
@@ -235,6 +246,8 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
             problems.append("wgmma takes block_x in whole n8 tiles (the wgmma N)")
         if config.warp_blocks(k) % config.wgmma:
             problems.append("wgmma's x chunks must divide a warp's k32 blocks")
+    if config.tail_tiles and (config.split_k == 1 or config.stage_x or config.wgmma or config.tail_tiles >= config.columns(n)):
+        problems.append(f"tail_tiles needs split_k > 1, stage_x=False, wgmma=0 and fewer tail columns than the {config.columns(n)} there are")
     smem = config.shared_bytes(k)
     if smem > SMEM_PER_CTA[arch] or config.ctas_per_sm > config.ctas_held(k, arch):
         problems.append(f"{config.ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit an {arch} SM")
@@ -650,13 +663,24 @@ __device__ __forceinline__ void nvfp4_skinny_wgmma(const int* code_base, const i
 
 # Who reads and writes what. Plain arithmetic, so the kernel (on TIR expressions) and the CPU tests
 # (on ints) run the same formulas.
-def warp_range(config: SkinnyConfig, k: int, bn, bk, warp) -> tuple:
+def warp_range(config: SkinnyConfig, k: int, bn, bk, warp, pieces: int = 0) -> tuple:
     """``(weight block, k32 block, k32 blocks)``: the first of the ``rows_per_warp`` 32-row weight
-    blocks that warp ``warp`` of CTA ``(bn, bk)`` reads, its first k32 block and how many. Warp w is
-    in group ``w % warps_n`` (its weight rows) and takes K slice ``w // warps_n`` of the CTA's range."""
-    warp_blocks = config.warp_blocks(k)
+    blocks that warp ``warp`` of CTA ``(bn, bk)`` (column ``bn``, piece ``bk`` of ``pieces``, by
+    default ``split_k``) reads, its first k32 block and how many. Warp w is in group ``w % warps_n``
+    (its weight rows) and takes K slice ``w // warps_n`` of the CTA's range."""
+    warp_blocks = config.warp_blocks(k, pieces)
     group, k_slice = warp % config.warps_n, warp // config.warps_n
-    return (bn * config.warps_n + group) * config.rows_per_warp, bk * config.cta_blocks(k) + k_slice * warp_blocks, warp_blocks
+    return (bn * config.warps_n + group) * config.rows_per_warp, bk * config.cta_blocks(k, pieces) + k_slice * warp_blocks, warp_blocks
+
+
+def tail_piece(config: SkinnyConfig, n: int, t) -> tuple:
+    """``(column, piece)`` of the tail's CTA ``t`` (``tail_tiles``): the grid's first ``columns(n) -
+    tail_tiles`` CTAs take one whole column each, then come the last ``tail_tiles`` columns'
+    ``split_k`` pieces, split index fastest or slowest (``split_fastest``)."""
+    whole = config.columns(n) - config.tail_tiles
+    if config.split_fastest:
+        return whole + t // config.split_k, t % config.split_k
+    return whole + t % config.tail_tiles, t // config.tail_tiles
 
 
 def output_cell(config: SkinnyConfig, bn, group, q, lane) -> tuple:
@@ -689,7 +713,8 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     bx, rpw, split_k, warps, depth = config.block_x, config.rows_per_warp, config.split_k, config.warps, config.depth
     warps_n, warps_k = config.warps_n, config.warps_k
     x_tiles, acc_size = config.x_tiles, config.accumulators
-    cta_k_blocks = config.cta_blocks(k)
+    columns = config.columns(n)
+    whole_columns = columns - config.tail_tiles  # the columns that run as one CTA each
     k_blocks = k // example.FRAG_K
     block_stride = k_blocks * example.WORDS_PER_BLOCK
     x_elements = config.x_elements(k)  # staged: [k32 block][x row][t][register][half]
@@ -708,6 +733,78 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             if row < m:
                 y[row, weight_row] = T.cast(acc[q] * alpha_x128[weight_row], T.bfloat16)
 
+    @T.macro
+    def column_piece(x, codes, scales, alpha_x128, y, partials, tickets, x_frag, handoff, ticket, acc, tx, bn, bk, pieces, tail_column):
+        """Piece ``bk`` of ``pieces`` (a Python int) of column ``bn``; split pieces meet in the
+        exchange as its tile ``tail_column``."""
+        lane = tx % 32
+        warp = tx // 32
+        weight_block, k_block, warp_k_blocks = warp_range(config, k, bn, bk, warp, pieces)
+        cta_k_blocks = config.cta_blocks(k, pieces)
+        if config.stage_x:
+            # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c,
+            # copied asynchronously; the warps wait for them after their first weight loads.
+            # Against a 16-byte load and four shared stores per chunk (H200, 2026-12-01,
+            # results/h200_ab_2026-12-01h_x_staging.json): 0.95-0.99x the time at M = 1 on four
+            # shapes, but 1.00-1.19x with 4-32 rows staged (four copies per chunk; the table
+            # stages x only at M = 1). Rows in natural order read by ldmatrix.x4 lost at M = 1
+            # (1.16x on 34816x5120).
+            for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
+                c = i * 32 * warps + tx
+                if c < x_chunks:
+                    row = c // 4 % bx
+                    col = (bk * cta_k_blocks + c // (4 * bx)) * example.FRAG_K + c % 4 * 8
+                    T.call_extern(
+                        "handle",
+                        "nvfp4_skinny_stage_x",
+                        T.address_of(x[0, 0]),
+                        T.min(row, M - 1) * k + col,
+                        T.address_of(x_frag[0]),
+                        ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
+                        row < M,
+                    )
+            if tx < ZERO_SLOT:
+                x_frag[tx] = T.bfloat16(0)
+        for q in T.unroll(acc_size):
+            acc[q] = 0.0
+        if config.wgmma:
+            body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma_slots(k)}, {config.wgmma}, {warp_k_blocks}>"
+        else:
+            body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>"
+        T.call_extern(
+            "handle",
+            body,
+            T.address_of(codes[0, 0, 0]),
+            T.address_of(scales[0, 0, 0]),
+            (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
+            T.address_of(x[0, 0]),
+            bk * cta_k_blocks * example.FRAG_K,
+            k,
+            M,
+            T.address_of(x_frag[0]),
+            k_block - bk * cta_k_blocks,
+            T.address_of(acc[0]),
+            block_stride,
+            tx,
+        )
+        owner = warp < warps_n  # K slice 0 of its group (warp_range): it holds the group's sums
+        if warps_k > 1:
+            # Warp order, lane-fastest: each warp's stores and each owner's loads hit 32 banks.
+            if not owner:
+                for q in T.unroll(acc_size):
+                    handoff[warp - warps_n, q, lane] = acc[q]
+            T.sync_threads()
+            if owner:
+                for w, q in T.grid(warps_k - 1, acc_size):
+                    acc[q] += handoff[w * warps_n + warp, q, lane]
+        if pieces == 1:
+            if owner:
+                store(acc, y, alpha_x128, bn, warp, lane, M)
+        else:
+            exchange.run(acc, lambda q: x_row(q, lane), partials, tickets, ticket, tail_column, bk, M, tx, owner)
+            if exchange.reduces(ticket, bk) and owner:
+                store(acc, y, alpha_x128, bn, warp, lane, M)
+
     @T.prim_func
     def nvfp4_w4a16_skinny(
         x: ops.x,
@@ -718,9 +815,8 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         partials: ops.partials,
         tickets: ops.tickets,
     ):
-        grid_n = n // (example.FRAG_N * rpw * warps_n)
-        with T.Kernel(*((split_k, grid_n) if config.split_fastest else (grid_n, split_k)), threads=32 * warps) as (cta_x, cta_y):
-            bn, bk = (cta_y, cta_x) if config.split_fastest else (cta_x, cta_y)
+        grid = (config.ctas(n),) if config.tail_tiles else (split_k, columns) if config.split_fastest else (columns, split_k)
+        with T.Kernel(*grid, threads=32 * warps) as ctas:
             T.import_source(SKINNY_SOURCE + (WGMMA_SOURCE if config.wgmma else ""))
             T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             x_frag = T.alloc_shared((x_elements + ZERO_SLOT,), T.bfloat16)
@@ -728,72 +824,16 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
             ticket = T.alloc_shared((1,), T.int32)
             acc = T.alloc_local((acc_size,), T.float32)
             tx = T.get_thread_binding()
-            lane = tx % 32
-            warp = tx // 32
-            weight_block, k_block, warp_k_blocks = warp_range(config, k, bn, bk, warp)
-            if config.stage_x:
-                # 16 bytes of an x row per thread and step: (k32 block, row, register r) = chunk c,
-                # copied asynchronously; the warps wait for them after their first weight loads.
-                # Against a 16-byte load and four shared stores per chunk (H200, 2026-12-01,
-                # results/h200_ab_2026-12-01h_x_staging.json): 0.95-0.99x the time at M = 1 on four
-                # shapes, but 1.00-1.19x with 4-32 rows staged (four copies per chunk; the table
-                # stages x only at M = 1). Rows in natural order read by ldmatrix.x4 lost at M = 1
-                # (1.16x on 34816x5120).
-                for i in T.serial(T.ceildiv(x_chunks, 32 * warps)):
-                    c = i * 32 * warps + tx
-                    if c < x_chunks:
-                        row = c // 4 % bx
-                        col = (bk * cta_k_blocks + c // (4 * bx)) * example.FRAG_K + c % 4 * 8
-                        T.call_extern(
-                            "handle",
-                            "nvfp4_skinny_stage_x",
-                            T.address_of(x[0, 0]),
-                            T.min(row, M - 1) * k + col,
-                            T.address_of(x_frag[0]),
-                            ZERO_SLOT + c // 4 * 32 + c % 4 * 2,
-                            row < M,
-                        )
-                if tx < ZERO_SLOT:
-                    x_frag[tx] = T.bfloat16(0)
-            for q in T.unroll(acc_size):
-                acc[q] = 0.0
-            if config.wgmma:
-                body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma_slots(k)}, {config.wgmma}, {warp_k_blocks}>"
+            buffers = (x, codes, scales, alpha_x128, y, partials, tickets, x_frag, handoff, ticket, acc, tx)
+            if config.tail_tiles:
+                if ctas < whole_columns:
+                    column_piece(*buffers, ctas, 0, 1, 0)
+                else:
+                    bn, bk = tail_piece(config, n, ctas - whole_columns)
+                    column_piece(*buffers, bn, bk, split_k, bn - whole_columns)
             else:
-                body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>"
-            T.call_extern(
-                "handle",
-                body,
-                T.address_of(codes[0, 0, 0]),
-                T.address_of(scales[0, 0, 0]),
-                (weight_block * k_blocks + k_block) * example.WORDS_PER_BLOCK,
-                T.address_of(x[0, 0]),
-                bk * cta_k_blocks * example.FRAG_K,
-                k,
-                M,
-                T.address_of(x_frag[0]),
-                k_block - bk * cta_k_blocks,
-                T.address_of(acc[0]),
-                block_stride,
-                tx,
-            )
-            owner = warp < warps_n  # K slice 0 of its group (warp_range): it holds the group's sums
-            if warps_k > 1:
-                # Warp order, lane-fastest: each warp's stores and each owner's loads hit 32 banks.
-                if not owner:
-                    for q in T.unroll(acc_size):
-                        handoff[warp - warps_n, q, lane] = acc[q]
-                T.sync_threads()
-                if owner:
-                    for w, q in T.grid(warps_k - 1, acc_size):
-                        acc[q] += handoff[w * warps_n + warp, q, lane]
-            if split_k == 1:
-                if owner:
-                    store(acc, y, alpha_x128, bn, warp, lane, M)
-            else:
-                exchange.run(acc, lambda q: x_row(q, lane), partials, tickets, ticket, bn, bk, M, tx, owner)
-                if exchange.reduces(ticket, bk) and owner:
-                    store(acc, y, alpha_x128, bn, warp, lane, M)
+                bn, bk = (ctas[1], ctas[0]) if config.split_fastest else ctas
+                column_piece(*buffers, bn, bk, split_k, bn)
 
     return nvfp4_w4a16_skinny
 
@@ -823,5 +863,6 @@ def launch_skinny(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: SkinnyCo
     kernel = _KERNELS.get(key)
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
         kernel = _KERNELS[key] = compile_skinny(w.n, w.k, config, example.device_arch(w.device))
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles, config.accumulators)
+    split_n = config.tail_tiles * w.n // config.columns(w.n)  # the tail's weight rows (0: all split)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles, config.accumulators, split_n)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

@@ -54,6 +54,11 @@ DEFAULT_SHAPES = [(16384, 5120), (14336, 5120), (34816, 5120), (5120, 17408), (5
         (S(4, 1, 4, 4, 8, 4, False, 4, 4), "sm_90", "whole n8 tiles"),
         (S(24, 1, 4, 4, 8, 4, False, 4, 3), "sm_90", "x chunks must divide"),  # 40 blocks per warp
         (S(24, 1, 4, 4, 8, 4, False, 4, -1), "sm_90", "positive int"),
+        (S(16, 2, 1, 4, 2, 5, False, 1, 0, False, 16), "sm_90", "tail_tiles needs split_k > 1"),
+        (S(1, 1, 2, 4, 4, 5, True, 1, 0, False, 16), "sm_90", "stage_x=False"),
+        (S(24, 1, 4, 4, 8, 4, False, 4, 4, False, 16), "sm_90", "wgmma=0"),
+        (S(16, 2, 8, 4, 2, 5, False, 1, 0, False, 544), "sm_90", "fewer tail columns than the 544"),
+        (S(16, 2, 8, 4, 2, 5, False, 1, 0, False, -1), "sm_90", "positive int"),
     ],
 )
 def test_bad_configs(config, arch, match):
@@ -343,6 +348,7 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
         S(16, 1, 4, 4, 2, 3, True, 4),
         S(8, 2, 2, 4, 4, 3, False, 2),
         S(8, 1, 4, 4, 4, 5, False, 1, 0, True),
+        S(16, 2, 8, 4, 2, 5, False, 1, 0, True, 16),
     ],
 )
 def test_compiles(arch, config):
@@ -354,7 +360,10 @@ def test_compiles(arch, config):
     rpw, depth, bx, x_tiles, staged, warp_blocks = call.groups()
     assert tuple(map(int, (rpw, depth, bx, x_tiles))) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
     assert (staged == "true") == config.stage_x
-    assert int(warp_blocks) == 5120 // 32 // config.split_k // config.warps_k
+    assert int(warp_blocks) == 5120 // 32 // (1 if config.tail_tiles else config.split_k) // config.warps_k
+    if config.tail_tiles:  # the tail's pieces: a second body with a split's blocks per warp
+        tail_body = "nvfp4_skinny_warp<" + ",".join([*call.groups()[:5], str(5120 // 32 // config.split_k // config.warps_k)]) + ">"
+        assert tail_body in source.replace(" ", "")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
 
@@ -432,6 +441,12 @@ REFERENCE_CASES = [
     # Seven CTAs per SM (72 registers), split 2 (the tuner's shapes for 14336x5120).
     (8, 14336, 5120, S(8, 1, 2, 4, 4, 7, False)),
     (15, 14336, 5120, S(16, 1, 2, 4, 2, 7, False, 1, 0, True)),
+    # A tail (tail_tiles): whole columns, then the last ones split; split 8 with tickets, split 4
+    # marked, split fastest and slowest, one tail column, rows past M.
+    (16, 34816, 5120, S(16, 2, 8, 4, 2, 5, False, 1, 0, True, 16)),
+    (11, 14336, 5120, S(16, 1, 4, 4, 4, 4, False, 1, 0, False, 52)),
+    (3, 5120, 6144, S(4, 1, 2, 4, 4, 5, False, 1, 0, True, 1)),
+    (8, 16384, 5120, S(8, 2, 2, 4, 4, 3, False, 2, 0, False, 124)),
 ]
 
 
@@ -458,9 +473,9 @@ def test_heuristic_configs_match_reference(m, n, k):
 
 
 @needs_gpu
-@pytest.mark.parametrize("stage_x", [True, False])
-def test_graph_replays_match_eager(stage_x):
-    n, k, config = 5120, 6144, S(8, 1, 2, 4, 2, 3, stage_x)
+@pytest.mark.parametrize("config", [S(8, 1, 2, 4, 2, 3, True), S(8, 1, 2, 4, 2, 3, False), S(8, 1, 4, 4, 2, 3, False, 1, 0, True, 37)])
+def test_graph_replays_match_eager(config):
+    n, k = 5120, 6144
     w = nv.prepare_nvfp4_weight(*nv.random_nvfp4_weight(n, k, "cuda"))
     x = torch.randn(6, k, device="cuda", dtype=torch.bfloat16)
     assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
@@ -490,6 +505,18 @@ def test_refuses_more_rows_than_block_x():
 # ---------------------------------------------------------------- CPU: who reads and writes what
 
 
+def grid_pieces(config: S, n: int) -> list:
+    """``(column, piece, pieces, exchange tile)`` of each CTA, as ``build_skinny_kernel`` deals them."""
+    if not config.tail_tiles:
+        return [(bn, bk, config.split_k, bn) for bn in range(config.columns(n)) for bk in range(config.split_k)]
+    whole = config.columns(n) - config.tail_tiles
+    out = [(bn, 0, 1, 0) for bn in range(whole)]
+    for t in range(config.ctas(n) - whole):
+        bn, bk = skinny.tail_piece(config, n, t)
+        out.append((bn, bk, config.split_k, bn - whole))
+    return out
+
+
 @pytest.mark.parametrize(
     "n, k, config",
     [
@@ -500,21 +527,30 @@ def test_refuses_more_rows_than_block_x():
         (4096, 11008, S(1, 1, 2, 4, 4, 5)),
         (34816, 5120, S(24, 1, 4, 4, 8, 4, False, 4, 4)),
         (5120, 6144, S(24, 2, 4, 8, 2, 2, False, 8, 4)),
+        (34816, 5120, S(16, 2, 8, 4, 2, 5, False, 1, 0, True, 16)),
+        (14336, 5120, S(16, 1, 4, 4, 4, 4, False, 1, 0, False, 52)),
+        (5120, 6144, S(8, 2, 2, 4, 4, 3, False, 2, 0, True, 1)),
     ],
 )
 def test_warps_read_every_block_once_and_owners_write_every_cell_once(n, k, config):
-    """The kernel's index formulas (``warp_range``, ``output_cell``) on the CPU: over the grid, the
-    warps read each (32-row weight block, k32 block) exactly once, and the owner warps' accumulators
-    land on each (x row, weight row) of the padded output exactly once."""
-    grid_n = n // (32 * config.rows_per_warp * config.warps_n)
+    """The kernel's index formulas (``warp_range``, ``tail_piece``, ``output_cell``) on the CPU: over
+    the grid, the warps read each (32-row weight block, k32 block) exactly once, the split pieces of
+    each column meet in their own exchange slots, and the owner warps' accumulators land on each (x
+    row, weight row) of the padded output exactly once."""
+    skinny.check_skinny_config(config, n, k, "sm_90")
     k_blocks = k // 32
     read = torch.zeros(n // 32, k_blocks, dtype=torch.int32)
-    for bn in range(grid_n):
-        for bk in range(config.split_k):
-            for warp in range(config.warps):
-                block, first, count = skinny.warp_range(config, k, bn, bk, warp)
-                read[block : block + config.rows_per_warp, first : first + count] += 1
+    slots = []
+    for bn, bk, pieces, tile in grid_pieces(config, n):
+        for warp in range(config.warps):
+            block, first, count = skinny.warp_range(config, k, bn, bk, warp, pieces)
+            read[block : block + config.rows_per_warp, first : first + count] += 1
+        if pieces > 1:
+            slots.append(tile * pieces + bk)
     assert bool((read == 1).all())
+    split_columns = config.tail_tiles or config.columns(n) if config.split_k > 1 else 0
+    assert sorted(slots) == list(range(split_columns * config.split_k))  # split_k_buffers sizes that many
+    grid_n = config.columns(n)
     rows = skinny.X_TILE_ROWS * config.x_tiles
     written = torch.zeros(rows, n, dtype=torch.int32)
     for bn in range(grid_n):
