@@ -287,6 +287,30 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
     return [c for c in out if c.registers_needed() <= c.registers() + SKINNY_REGISTER_SLACK]
 
 
+# A tail (``SkinnyConfig.tail_tiles``) for the unsplit ring configs whose CTA columns fill no whole
+# wave: the columns past the last multiple of the SM count, split in SKINNY_TAIL_SPLITS pieces, split
+# fastest. Raced against the table's unsplit configs (H200, 2026-12-03b, one process, 5 rounds;
+# results/h200_ab_2026-12-03b_tail_tiles.json): 34816x5120 M = 16 (544 columns of two weight blocks,
+# 16 past four waves of 132) in 31.97 us at split 2 against 34.64, 32.6-32.7 at split 4 and 8;
+# 14336x5120 M = 16 (448 columns, 52 past three) in 15.61 at split 2 against 17.28; 34816x5120 M = 8
+# 28.43 against 29.04 at split 4; but 16384x5120 M = 16 (512 columns, 116 past three: 3.88 per SM
+# either way) 18.94-20.31 against 17.03, where the tail only adds an exchange.
+SKINNY_TAIL_SPLITS = (2, 4, 8)
+
+
+def skinny_tail_candidates(configs: list, n: int, sm_count: int) -> list:
+    """The ``SKINNY_TAIL_SPLITS`` tails of the unsplit, unstaged mma.sync configs among ``configs``
+    whose columns overrun whole waves of ``sm_count`` by some (``candidates`` filters what does not fit)."""
+    out = []
+    for c in configs:
+        if not isinstance(c, skinny.SkinnyConfig) or c.split_k > 1 or c.stage_x or c.wgmma:
+            continue
+        columns = c.columns(n)
+        if columns > sm_count and columns % sm_count:
+            out += [c._replace(split_k=split, split_fastest=True, tail_tiles=columns % sm_count) for split in SKINNY_TAIL_SPLITS]
+    return out
+
+
 def ctas_per_sm(config, arch: str) -> int:
     """CTAs of ``config`` that one SM's shared memory holds on ``arch``."""
     return maint.smem_per_sm(arch) // (config.kernel_shape().shared_bytes() + maint.hopper.CTA_RESERVED_SMEM)
@@ -371,7 +395,7 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at
-    M <= 32 the skinny kernel (``skinny_candidates``)."""
+    M <= 32 the skinny kernel (``skinny_candidates``, ``skinny_tail_candidates``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
@@ -393,7 +417,8 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     if arch == "sm_90":
         out += wgmma_candidates(m, n, k, sm_count)
     if m <= skinny.MAX_BLOCK_X:
-        out += skinny_candidates(m, k, arch)
+        ring = skinny_candidates(m, k, arch)
+        out += ring + skinny_tail_candidates(ring, n, sm_count)
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 
