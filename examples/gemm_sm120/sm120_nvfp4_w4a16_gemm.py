@@ -689,7 +689,7 @@ def marked_exchange(split_k: int, acc_size: int) -> bool:
     reducer loads every piece in one L2 round trip (``acc_size * split_k <= EXCHANGE_BATCH_LOADS``).
     Against the ticket exchange the skinny kernel took 0.89-0.97x the time at M = 1-16 (split 2 and
     4, twelve cells) and the 16-row fragment tile 0.89x at M = 1, split 4; wgmma tiles of 24-48 rows
-    0.94-1.03x, within the runs' noise (an unchanged cell moved 2 %). Where every piece took several
+    0.94-1.03x, by shape (the wgmma configs choose: ``tickets`` there). Where every piece took several
     trips (two warpgroups of 64 accumulators, split 4) the reducer's polling cost more than the
     tickets' extra round trips: 1.07x (H200, 2026-12-03,
     results/h200_ab_2026-12-03a_marked_exchange.json in maint/gemm/gemm_sm120)."""
@@ -750,7 +750,7 @@ class SplitKExchange(NamedTuple):
     reduces: object
 
 
-def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None) -> SplitKExchange:
+def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None, tickets: bool = False) -> SplitKExchange:
     """The deterministic split-K reduction the kernels of this family share.
 
     ``run(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the ``owner``
@@ -760,7 +760,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     every split back and adds them in split order, so the sum does not depend on arrival order and
     is the same in both forms below; afterwards its owners hold the sums in ``acc``.
 
-    Marked (``marked_exchange``): ``partials`` is the device's marked workspace, every word
+    Marked (``marked_exchange``, unless ``tickets``): ``partials`` is the device's marked workspace, every word
     PARTIAL_MARK (a NaN) between launches. The tile's last split reduces: the others post their
     pieces, whole slots; it loads them all at once, loads again those still marked, adds, and marks
     them again for the next launch (PARTIALS_SOURCE). No barrier, fence or atomic sits between the
@@ -835,7 +835,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
             if tx == 0:
                 tickets[tile] = 0
 
-    if marked_exchange(split_k, acc_size):
+    if marked_exchange(split_k, acc_size) and not tickets:
         return SplitKExchange(marked, lambda ticket, split_index: split_index == split_k - 1)
     return SplitKExchange(ticketed, lambda ticket, split_index: ticket[0] == split_k - 1)
 
@@ -1269,20 +1269,21 @@ def sm_count(device: torch.device) -> int:
 
 
 def split_k_buffers(
-    x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int, split_n: int = 0
+    x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int, split_n: int = 0, tickets: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows and whose threads
     hold ``acc_size`` accumulators: FP32 partials for ``split_k`` pieces of every tile of the first
     ``split_n`` weight rows' worth (all of them by default), padded rows included
-    (``split_k_exchange``: from the device's marked workspace where ``marked_exchange``, else fresh;
-    a stand-in without a split), and the device's self-resetting tickets."""
+    (``split_k_exchange``, whose ``tickets`` this takes: from the device's marked workspace where
+    ``marked_exchange`` and not ``tickets``, else fresh; a stand-in without a split), and the
+    device's self-resetting tickets."""
     ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n))
     if split_k == 1:
         return ws.no_partials, ws.tickets
     size = split_k * -(-x.shape[0] // block_rows) * block_rows * (split_n or w.n)
     if size >= 2**31:
         raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
-    if marked_exchange(split_k, acc_size):
+    if marked_exchange(split_k, acc_size) and not tickets:
         ws = _ensure_workspace(w.device, marked_partials=size)
         return ws.marked_partials, ws.tickets
     return torch.empty(size, dtype=torch.float32, device=x.device), ws.tickets

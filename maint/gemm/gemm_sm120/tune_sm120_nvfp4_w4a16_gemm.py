@@ -377,6 +377,14 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     return out + streamk_waves_twins(out, m, n, k, sm_count)
 
 
+def ticket_twins(configs: list) -> list:
+    """The ticket-exchange twins (``hopper.WgmmaConfig.tickets``) of the split wgmma configs among
+    ``configs`` whose exchange would be marked."""
+    hopper = maint.hopper
+    marked = lambda c: nv.marked_exchange(c.split_k, hopper.operand_sizes(c.block_x, c.block_k, c.warpgroups)[1])  # noqa: E731
+    return [c._replace(tickets=True) for c in configs if isinstance(c, hopper.WgmmaConfig) and c.split_k > 1 and marked(c)]
+
+
 def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:
     """``STREAMK_WAVES`` twins of the two-warpgroup producer stream-K configs among ``configs``, one
     per distinct stream-K share that leaves whole waves (``maint.streamk_tiles``)."""
@@ -395,7 +403,8 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     the benchmark's M, the skinny kernel's included; compiling is the tuner's cost): the dispatch's
     and both heuristics' choices, the fragment kernel over every split with one or two k groups,
     stream-K over the heuristic's tile, on sm_90 the wgmma kernel (``wgmma_candidates``), and at
-    M <= 32 the skinny kernel (``skinny_candidates``, ``skinny_tail_candidates``)."""
+    M <= 32 the skinny kernel (``skinny_candidates``, ``skinny_tail_candidates``); split wgmma
+    configs also with tickets (``ticket_twins``)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     heuristic = nv.get_config(m, n, k, sm_count=sm_count)
     s = heuristic.kernel_shape()
@@ -419,6 +428,7 @@ def candidates(m: int, n: int, k: int, arch: str) -> list:
     if m <= skinny.MAX_BLOCK_X:
         ring = skinny_candidates(m, k, arch)
         out += ring + skinny_tail_candidates(ring, n, sm_count)
+    out += ticket_twins(out)
     return [c for c in dict.fromkeys(out) if fits(c, n, k, arch)]
 
 

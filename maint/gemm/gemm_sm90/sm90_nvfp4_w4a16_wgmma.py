@@ -181,7 +181,13 @@ class WgmmaConfig(NamedTuple):
     rows), ``producer``: one more warpgroup issues the TMA
     loads and the consumer warpgroups release stages through mbarriers, with no CTA-wide barrier
     per k tile (see ``wgmma_pipeline``; needs ``tma_loads``). It pays with two
-    consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one."""
+    consumer warpgroups (``TWO_WARPGROUP_PRODUCER``) and lost with one. ``tickets``: a split's
+    tiles meet through the example's ticket exchange even where its marked one fits
+    (``example.split_k_exchange``). Neither won everywhere (H200, 2026-12-03, the tuned and
+    untuned split configs of 24-48 rows, one process, two runs each; results/h200_ab_2026-12-03b_wgmma_ticket.json
+    in maint/gemm/gemm_sm120): tickets took 0.97-0.98x the time on 5120x17408 at M = 17 and 24
+    (24 rows, split 3) and 0.96x on 4096x4096 at M = 32 (split 4), marked 0.93-0.95x on 6144x4096
+    at M = 24-48 (split 2) and 5120x6144 at M = 40, so the tuner races both."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -190,6 +196,7 @@ class WgmmaConfig(NamedTuple):
     tma_loads: bool = False
     warpgroups: int = 1
     producer: bool = False
+    tickets: bool = False
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
@@ -870,6 +877,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
     if config.producer and not config.tma_loads:
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
+    if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
+        raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
     a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
@@ -1280,7 +1289,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
     acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
-    exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers)
+    exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers, config.tickets)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
@@ -1375,5 +1384,5 @@ def launch_wgmma(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: WgmmaConf
     if key not in _KERNELS:
         _KERNELS[key] = compile_wgmma(w.n, w.k, config)
     _, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, acc_size)
+    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, acc_size, tickets=config.tickets)
     _KERNELS[key](x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

@@ -521,7 +521,11 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     the split's k tiles fill. (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
-    split = {c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1}
+    offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
+    split = {c for c in offered if not c.tickets}
+    # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
+    marked = {c for c in split if nv.marked_exchange(c.split_k, wg.operand_sizes(c.block_x, c.block_k, c.warpgroups)[1])}
+    assert {c for c in offered if c.tickets} == {c._replace(tickets=True) for c in marked}
     if block_x is None:
         assert not split
         return
@@ -626,11 +630,24 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(block_x=128, block_k=128, stages=3),
         wg.WgmmaConfig(256, tma_loads=False, warpgroups=2, producer=True),  # a producer issues TMA only
         wg.WgmmaConfig(256, tma_loads=True, warpgroups=2, producer=1),
+        wg.WgmmaConfig(32, 128, 5, tickets=True),  # an exchange choice without a split
+        wg.WgmmaConfig(32, 128, 5, split_k=2, tickets=1),
     ],
 )
 def test_bad_configs(config):
     with pytest.raises(ValueError):
         wg.check_wgmma_config(config, 4096, 4096)
+
+
+def test_tickets_choose_the_ticket_exchange():
+    """24 rows at split 3 (5120x17408's tuned M = 17-24 shape) exchange marked by default: posts and
+    one take, no atomic; with ``tickets`` through the atomic ticket and no marked piece."""
+    config = wg.WgmmaConfig(24, 128, 8, 3, True, 2, True)
+    for tickets in (False, True):
+        source = wg.compile_wgmma(5120, 17408, config._replace(tickets=tickets)).get_kernel_source()
+        body = source[source.index("__global__") :]
+        assert ("AtomicAdd" in body) == tickets
+        assert ("nvfp4_take_partials<" in body) == ("nvfp4_post_partials<" in body) == (not tickets)
 
 
 @pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2), (272, 2), (320, 2), (352, 2)])
@@ -1517,7 +1534,7 @@ SPECIAL_SCALE_CONFIGS = [
 ]
 GRAPH_CONFIGS = [
     wg.WgmmaConfig(bx, 64, 3, split_k=s, tma_loads=t, warpgroups=wgs) for bx, wgs in ((96, 1), (208, 2)) for s in (1, 4) for t in (False, True)
-] + [wg.WgmmaConfig(32, 128, 5, split_k=3, tma_loads=True, warpgroups=2, producer=True)]  # the marked exchange
+] + [wg.WgmmaConfig(32, 128, 5, split_k=3, tma_loads=True, warpgroups=2, producer=True, tickets=t) for t in (False, True)]  # marked, and tickets
 REFERENCE_CASES = [
     (1, 4096, 4096, wg.WgmmaConfig(16, 64, 4)),
     (16, 5120, 6144, wg.WgmmaConfig(16, 64, 4)),
@@ -1550,6 +1567,7 @@ REFERENCE_CASES = [
     (20, 5120, 6144, wg.WgmmaConfig(24, 64, 4, split_k=4, warpgroups=2)),  # two warpgroups on 24 rows: 192 x chunks over 256 threads
     (130, 640, 2304, wg.WgmmaConfig(136, 64, 4, warpgroups=2)),  # ... on 136 rows
     (270, 640, 2304, wg.WgmmaConfig(264, 64, 4, warpgroups=2)),  # ... on 264 rows: two wgmmas per k16 step (N 256 + 8)
+    (17, 5120, 6144, wg.WgmmaConfig(24, 64, 4, split_k=3, tickets=True)),  # tickets where the marked exchange fits
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # A producer warpgroup (TMA, two consumer warpgroups): stage reuse over many fills, a single fill per
