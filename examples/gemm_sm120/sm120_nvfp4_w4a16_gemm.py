@@ -527,6 +527,11 @@ class KernelShape(NamedTuple):
         """FP32 accumulators per thread: m16 tiles x n32 blocks x four n8 tiles x four."""
         return self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16
 
+    @property
+    def split_plan(self) -> "SplitPlan":
+        """How this shape's split tiles meet (``SplitPlan``)."""
+        return SplitPlan(self.split_k, self.block_m, self.acc_size)
+
     def reduction_bytes(self) -> int:
         """The FP32 accumulators k groups 1.. hand to group 0 at the end."""
         return (self.warps_k - 1) * self.group_threads * self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16 * 4
@@ -696,6 +701,23 @@ def marked_exchange(split_k: int, acc_size: int) -> bool:
     return split_k > 1 and acc_size * split_k <= EXCHANGE_BATCH_LOADS
 
 
+class SplitPlan(NamedTuple):
+    """How a launch's split tiles meet: ``split_k`` pieces of each tile of ``block_rows`` x rows, whose
+    owner threads hold ``acc_size`` accumulators each, through the marked exchange where it fits
+    (``marked_exchange``) unless ``tickets``. A kernel's builder hands it to ``split_k_exchange`` and
+    its launcher to ``split_k_buffers``, both from the config's one ``split_plan``, so that a kernel
+    never meets memory prepared for the other form."""
+
+    split_k: int
+    block_rows: int
+    acc_size: int
+    tickets: bool = False
+
+    @property
+    def marked(self) -> bool:
+        return marked_exchange(self.split_k, self.acc_size) and not self.tickets
+
+
 class PartialSlots(NamedTuple):
     """Macros moving the ``acc_size`` FP32 accumulators of each of ``threads`` threads to and from a
     partial slot (``acc_size * threads`` values, ``[acc_size / 4][threads][4]``: a warp's 16-byte
@@ -750,8 +772,8 @@ class SplitKExchange(NamedTuple):
     reduces: object
 
 
-def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads: int, sync=None, tickets: bool = False) -> SplitKExchange:
-    """The deterministic split-K reduction the kernels of this family share.
+def split_k_exchange(plan: SplitPlan, owner_threads: int, sync=None) -> SplitKExchange:
+    """The deterministic split-K reduction the kernels of this family share, as ``plan`` says.
 
     ``run(acc, row_of, partials, tickets, ticket, tile, split_index, m, tx, owner)``: the ``owner``
     threads (the first ``owner_threads`` of the CTA) hold the accumulators of ``tile`` (accumulator
@@ -760,7 +782,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     every split back and adds them in split order, so the sum does not depend on arrival order and
     is the same in both forms below; afterwards its owners hold the sums in ``acc``.
 
-    Marked (``marked_exchange``, unless ``tickets``): ``partials`` is the device's marked workspace, every word
+    Marked (``plan.marked``): ``partials`` is the device's marked workspace, every word
     PARTIAL_MARK (a NaN) between launches. The tile's last split reduces: the others post their
     pieces, whole slots; it loads them all at once, loads again those still marked, adds, and marks
     them again for the next launch (PARTIALS_SOURCE). No barrier, fence or atomic sits between the
@@ -783,6 +805,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
     """
     import tilelang.language as T
 
+    split_k, acc_size, block_rows = plan.split_k, plan.acc_size, plan.block_rows
     sync = sync or T.sync_threads
     slots = partial_slots(acc_size, owner_threads)
 
@@ -835,7 +858,7 @@ def split_k_exchange(split_k: int, acc_size: int, block_rows: int, owner_threads
             if tx == 0:
                 tickets[tile] = 0
 
-    if marked_exchange(split_k, acc_size) and not tickets:
+    if plan.marked:
         return SplitKExchange(marked, lambda ticket, split_index: split_index == split_k - 1)
     return SplitKExchange(ticketed, lambda ticket, split_index: ticket[0] == split_k - 1)
 
@@ -885,7 +908,7 @@ def build_kernel(n: int, k: int, shape: KernelShape):
     bm_, bn_, bk_, split_k = shape.block_m, shape.block_n, shape.block_k, shape.split_k
     k_tiles = k // split_k // bk_
     wt = warp_tile(shape)
-    exchange = split_k_exchange(split_k, wt.acc_size, bm_, shape.group_threads)
+    exchange = split_k_exchange(shape.split_plan, shape.group_threads)
     M = T.dynamic("m")
     ops = operands(n, k, M)
 
@@ -1268,22 +1291,20 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[device.index]
 
 
-def split_k_buffers(
-    x: torch.Tensor, w: NVFP4W4A16Weight, split_k: int, block_rows: int, acc_size: int, split_n: int = 0, tickets: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(partials, tickets)`` for a launch whose tiles have ``block_rows`` rows and whose threads
-    hold ``acc_size`` accumulators: FP32 partials for ``split_k`` pieces of every tile of the first
-    ``split_n`` weight rows' worth (all of them by default), padded rows included
-    (``split_k_exchange``, whose ``tickets`` this takes: from the device's marked workspace where
-    ``marked_exchange`` and not ``tickets``, else fresh; a stand-in without a split), and the
-    device's self-resetting tickets."""
+def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, plan: SplitPlan, split_n: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, tickets)`` for a launch whose split tiles meet as ``plan`` says: FP32 partials for
+    ``plan.split_k`` pieces of every tile of the first ``split_n`` weight rows' worth (all of them by
+    default), padded rows included (``split_k_exchange``: from the device's marked workspace where
+    ``plan.marked``, else fresh; a stand-in without a split), and the device's self-resetting
+    tickets."""
+    split_k, block_rows = plan.split_k, plan.block_rows
     ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n))
     if split_k == 1:
         return ws.no_partials, ws.tickets
     size = split_k * -(-x.shape[0] // block_rows) * block_rows * (split_n or w.n)
     if size >= 2**31:
         raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
-    if marked_exchange(split_k, acc_size) and not tickets:
+    if plan.marked:
         ws = _ensure_workspace(w.device, marked_partials=size)
         return ws.marked_partials, ws.tickets
     return torch.empty(size, dtype=torch.float32, device=x.device), ws.tickets
@@ -1292,7 +1313,7 @@ def split_k_buffers(
 def launch(x: torch.Tensor, w: NVFP4W4A16Weight, config: Config, out: torch.Tensor) -> None:
     """One launch of the fragment or tile kernel on checked inputs (at most 1024 rows)."""
     shape = config.kernel_shape()
-    partials, tickets = split_k_buffers(x, w, shape.split_k, shape.block_m, shape.acc_size)
+    partials, tickets = split_k_buffers(x, w, shape.split_plan)
     _kernel_for(w.n, w.k, config, w.device)(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)
 
 

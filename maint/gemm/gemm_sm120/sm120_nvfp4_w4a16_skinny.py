@@ -147,6 +147,11 @@ class SkinnyConfig(NamedTuple):
         """FP32 accumulators per thread: two m16 tiles per weight block, four per (m16, n8) tile."""
         return self.rows_per_warp * 2 * self.x_tiles * 4
 
+    @property
+    def split_plan(self) -> example.SplitPlan:
+        """How the split pieces meet (``example.SplitPlan``): tiles of whole n8 tiles of x rows."""
+        return example.SplitPlan(self.split_k, X_TILE_ROWS * self.x_tiles, self.accumulators)
+
     def columns(self, n: int) -> int:
         """CTA columns: blocks of ``32 rows_per_warp warps_n`` weight rows."""
         return n // (example.FRAG_N * self.rows_per_warp * self.warps_n)
@@ -719,7 +724,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
     block_stride = k_blocks * example.WORDS_PER_BLOCK
     x_elements = config.x_elements(k)  # staged: [k32 block][x row][t][register][half]
     x_chunks = x_elements // 8
-    exchange = example.split_k_exchange(split_k, acc_size, X_TILE_ROWS * x_tiles, 32 * warps_n)
+    exchange = example.split_k_exchange(config.split_plan, 32 * warps_n)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
@@ -864,5 +869,5 @@ def launch_skinny(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: SkinnyCo
     if kernel is None:  # compiling inside a CUDA-graph capture works (see the example)
         kernel = _KERNELS[key] = compile_skinny(w.n, w.k, config, example.device_arch(w.device))
     split_n = config.tail_tiles * w.n // config.columns(w.n)  # the tail's weight rows (0: all split)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, X_TILE_ROWS * config.x_tiles, config.accumulators, split_n)
+    partials, tickets = example.split_k_buffers(x, w, config.split_plan, split_n)
     kernel(x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

@@ -380,9 +380,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 def ticket_twins(configs: list) -> list:
     """The ticket-exchange twins (``hopper.WgmmaConfig.tickets``) of the split wgmma configs among
     ``configs`` whose exchange would be marked."""
-    hopper = maint.hopper
-    marked = lambda c: nv.marked_exchange(c.split_k, hopper.operand_sizes(c.block_x, c.block_k, c.warpgroups)[1])  # noqa: E731
-    return [c._replace(tickets=True) for c in configs if isinstance(c, hopper.WgmmaConfig) and c.split_k > 1 and marked(c)]
+    return [c._replace(tickets=True) for c in configs if isinstance(c, maint.hopper.WgmmaConfig) and c.split_plan.marked]
 
 
 def streamk_waves_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:

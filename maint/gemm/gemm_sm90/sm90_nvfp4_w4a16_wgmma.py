@@ -210,6 +210,12 @@ class WgmmaConfig(NamedTuple):
         warpgroups."""
         return max(1, X_BLOCK_STEP // self.warpgroups)
 
+    @property
+    def split_plan(self) -> example.SplitPlan:
+        """How the split tiles meet (``example.SplitPlan``): ``block_x`` rows, the consumer threads'
+        accumulators (``operand_sizes``), ``tickets``."""
+        return example.SplitPlan(self.split_k, self.block_x, operand_sizes(self.block_x, self.block_k, self.warpgroups)[1], self.tickets)
+
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split);
         two warpgroups are its ``warps_m = 2``."""
@@ -1288,8 +1294,8 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // bk
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
     pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
-    acc_size, threads, x_row = pipe.acc_size, pipe.threads, pipe.x_row
-    exchange = example.split_k_exchange(split_k, acc_size, bx, pipe.consumer_threads, pipe.sync_consumers, config.tickets)
+    threads, x_row = pipe.threads, pipe.x_row
+    exchange = example.split_k_exchange(config.split_plan, pipe.consumer_threads, pipe.sync_consumers)
     M = T.dynamic("m")
     ops = example.operands(n, k, M)
 
@@ -1383,6 +1389,5 @@ def launch_wgmma(x: torch.Tensor, w: example.NVFP4W4A16Weight, config: WgmmaConf
     key = (w.n, w.k, config, w.device.index)
     if key not in _KERNELS:
         _KERNELS[key] = compile_wgmma(w.n, w.k, config)
-    _, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
-    partials, tickets = example.split_k_buffers(x, w, config.split_k, config.block_x, acc_size, tickets=config.tickets)
+    partials, tickets = example.split_k_buffers(x, w, config.split_plan)
     _KERNELS[key](x, w.codes, w.scales, w.alpha_x128, out, partials, tickets)

@@ -383,6 +383,7 @@ def test_split_exchange_loads_every_split_at_once():
     reducer loads the other three splits' 2 quadruples each in one L2 round trip, with no atomic."""
     config = S(8, 1, 4, 4, 4, 5, False)
     assert config.accumulators * config.split_k <= sk.example.EXCHANGE_BATCH_LOADS
+    assert config.split_plan.marked  # the launcher's partials are the marked workspace too
     source = skinny.compile_skinny(5120, 6144, config, "sm_90").get_kernel_source()
     body = source[source.index("__global__") :]
     assert re.findall(r"nvfp4_(post|take)_partials<([\d, ]+)>", body) == [("post", "2"), ("take", "2, 3")]

@@ -524,7 +524,7 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
     split = {c for c in offered if not c.tickets}
     # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
-    marked = {c for c in split if nv.marked_exchange(c.split_k, wg.operand_sizes(c.block_x, c.block_k, c.warpgroups)[1])}
+    marked = {c for c in split if c.split_plan.marked}
     assert {c for c in offered if c.tickets} == {c._replace(tickets=True) for c in marked}
     if block_x is None:
         assert not split
@@ -648,6 +648,7 @@ def test_tickets_choose_the_ticket_exchange():
         body = source[source.index("__global__") :]
         assert ("AtomicAdd" in body) == tickets
         assert ("nvfp4_take_partials<" in body) == ("nvfp4_post_partials<" in body) == (not tickets)
+        assert config._replace(tickets=tickets).split_plan.marked == (not tickets)  # what the launcher prepares
 
 
 @pytest.mark.parametrize("block_x, warpgroups", [(8, 1), (64, 1), (128, 1), (16, 2), (128, 2), (144, 2), (256, 2), (272, 2), (320, 2), (352, 2)])

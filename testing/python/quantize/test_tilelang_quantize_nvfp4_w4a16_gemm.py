@@ -326,20 +326,26 @@ def test_marked_partials_load_and_store_relaxed_at_gpu_scope():
 
 
 def test_split_k_buffers_hand_out_marked_partials_only_to_marked_exchanges(monkeypatch):
-    """``marked_exchange`` picks the partials: the device's marked workspace, grown to a power of two,
-    or fresh memory the ticket exchange may leave as it likes (CPU tensors stand in)."""
+    """``SplitPlan.marked`` picks the partials: the device's marked workspace, grown to a power of
+    two, or fresh memory the ticket exchange may leave as it likes (CPU tensors stand in); a plan
+    that asks for tickets gets fresh memory where the marked exchange would fit; ``split_n`` sizes
+    the partials for the split weight rows only."""
     monkeypatch.setattr(nv, "_WORKSPACES", {})
     monkeypatch.setattr(nv, "_OUTGROWN_WORKSPACES", [])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     cpu = torch.device("cpu")
     w, x = types.SimpleNamespace(n=256, device=cpu), torch.zeros(3, 64)
-    assert nv.split_k_buffers(x, w, 1, 16, 16)[0] is nv._WORKSPACES[cpu].no_partials
-    marked, tickets = nv.split_k_buffers(x, w, 4, 16, 16)
+    plan = nv.SplitPlan(4, 16, 16)
+    assert nv.split_k_buffers(x, w, plan._replace(split_k=1))[0] is nv._WORKSPACES[cpu].no_partials
+    marked, tickets = nv.split_k_buffers(x, w, plan)
     assert marked is nv._WORKSPACES[cpu].marked_partials and marked.numel() == 4 * 16 * 256
     assert tickets is nv._WORKSPACES[cpu].tickets
-    fresh, _ = nv.split_k_buffers(x, w, 4, 16, 64)
-    assert fresh.numel() == 4 * 16 * 256 and fresh.data_ptr() != marked.data_ptr()
+    for unmarked in (plan._replace(acc_size=64), plan._replace(tickets=True)):
+        fresh, _ = nv.split_k_buffers(x, w, unmarked)
+        assert fresh.numel() == 4 * 16 * 256 and fresh.data_ptr() != marked.data_ptr()
+    assert nv.split_k_buffers(x, w, plan._replace(tickets=True), split_n=64)[0].numel() == 4 * 16 * 64
     assert not nv.marked_exchange(1, 16) and nv.marked_exchange(4, 16) and not nv.marked_exchange(8, 16)
+    assert plan.marked and not plan._replace(tickets=True).marked
 
 
 def test_parallel_precompile_runs_on_a_cpu_machine():
