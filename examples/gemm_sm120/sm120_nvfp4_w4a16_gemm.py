@@ -534,7 +534,7 @@ class KernelShape(NamedTuple):
 
     def reduction_bytes(self) -> int:
         """The FP32 accumulators k groups 1.. hand to group 0 at the end."""
-        return (self.warps_k - 1) * self.group_threads * self.m16_tiles_per_warp * self.n32_blocks_per_warp * 16 * 4
+        return (self.warps_k - 1) * self.group_threads * self.acc_size * 4
 
     def output_tile_bytes(self) -> int:
         """The staged output tile (``WarpTile.staged_store``): block_m rows of block_n + OUT_ROW_PAD
