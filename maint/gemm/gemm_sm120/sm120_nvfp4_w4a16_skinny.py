@@ -292,15 +292,16 @@ HEURISTIC_RING = 4
 HEURISTIC_DEEP_RING = 8
 HEURISTIC_DEEP_MIN_BLOCKS = 32
 HEURISTIC_CTAS_PER_SM = 5
-# Two n8 tiles of x (M = 9-16): 4 CTAs per SM where the grid fits one wave of 4 per SM. The whole grid
-# is resident either way, and the cap of 4 gives each thread 128 registers instead of 102 for the
-# second tile's accumulators and x fragments; where the grid overflows 4 per SM the fifth slot saves
-# a wave. Measured on the H200: in the 2026-12-01 timings below, 4 per SM ran 2-6 % faster in each of
-# the six M = 16 cells the rule changes, and 16-29 % slower on 5120x17408 and 5120x6144 (640 CTAs)
-# and 34816x5120 (1088); a race of the four untuned shapes at M = 16 agreed (11008x4096 11.67 against
-# 12.26 us, 4096x4096 7.32 against 7.46, 4096x11008 13.65 against 13.96, 6144x4096 8.28 against 8.26:
-# results/h200_timings_2026-12-03e_heuristic_race.json). Over the 35 cells (that race first) the
-# rule takes 1.010x the winners' summed time, against 1.014x with 5 CTAs per SM everywhere.
+# Two n8 tiles of x (M = 9-16): 4 CTAs per SM where the grid fits one wave of 4 per SM. The whole
+# grid is resident either way, and the cap of 4 gives each thread 128 registers instead of 102 for
+# the second tile's accumulators and x fragments; where the grid overflows 4 per SM the fifth slot
+# saves a wave. Measured on the H200: in the 2026-12-01 timings the rule was fitted to, 4 per SM ran
+# 2-6 % faster in each of the six M = 16 cells the rule changes, and 16-29 % slower on 5120x17408
+# and 5120x6144 (640 CTAs) and 34816x5120 (1088); a race of the four untuned shapes at M = 16 agreed
+# (11008x4096 11.67 against 12.26 us, 4096x4096 7.32 against 7.46, 4096x11008 13.65 against 13.96,
+# 6144x4096 8.28 against 8.26: results/h200_timings_2026-12-03e_heuristic_race.json). Over the 35
+# cells (that race first) the rule takes 1.010x the winners' summed time, against 1.014x with 5 CTAs
+# per SM everywhere.
 HEURISTIC_WIDE_X_CTAS_PER_SM = 4
 HEURISTIC_MAX_SPLIT = 8
 
@@ -317,10 +318,9 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     block_x = 1 if m == 1 else X_TILE_ROWS if m <= X_TILE_ROWS else HEURISTIC_MAX_M
     stage_x = m == 1
     split_fastest = split > 1 and not stage_x and sm_count % split == 0
-    ctas_per_sm = HEURISTIC_CTAS_PER_SM
-    if block_x > X_TILE_ROWS and n // example.FRAG_N * split <= HEURISTIC_WIDE_X_CTAS_PER_SM * sm_count:
-        ctas_per_sm = HEURISTIC_WIDE_X_CTAS_PER_SM
-    config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, ctas_per_sm, stage_x=stage_x, split_fastest=split_fastest)
+    config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, HEURISTIC_CTAS_PER_SM, stage_x=stage_x, split_fastest=split_fastest)
+    if block_x > X_TILE_ROWS and config.ctas(n) <= HEURISTIC_WIDE_X_CTAS_PER_SM * sm_count:
+        config = config._replace(ctas_per_sm=HEURISTIC_WIDE_X_CTAS_PER_SM)
     if block_x <= X_TILE_ROWS and config.warp_blocks(k) >= HEURISTIC_DEEP_MIN_BLOCKS:
         config = config._replace(depth=HEURISTIC_DEEP_RING)
     config = config.depth_within(k)
