@@ -1297,14 +1297,13 @@ def split_k_buffers(x: torch.Tensor, w: NVFP4W4A16Weight, plan: SplitPlan, split
     default), padded rows included (``split_k_exchange``: from the device's marked workspace where
     ``plan.marked``, else fresh; a stand-in without a split), and the device's self-resetting
     tickets."""
-    split_k, block_rows = plan.split_k, plan.block_rows
-    if split_k == 1:
-        ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n))
-        return ws.no_partials, ws.tickets
-    size = split_k * -(-x.shape[0] // block_rows) * block_rows * (split_n or w.n)
+    split_k, block_rows, split_rows = plan.split_k, plan.block_rows, split_n or w.n
+    size = split_k * -(-x.shape[0] // block_rows) * block_rows * split_rows if split_k > 1 else 0
     if size >= 2**31:
-        raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{w.n} in {block_rows}-row tiles exceed 32-bit offsets")
+        raise ValueError(f"config: split_k={split_k} partials of {x.shape[0]}x{split_rows} in {block_rows}-row tiles exceed 32-bit offsets")
     ws = _ensure_workspace(w.device, tickets=_tickets_needed(w.n), marked_partials=size if plan.marked else 0)
+    if split_k == 1:
+        return ws.no_partials, ws.tickets
     if plan.marked:
         return ws.marked_partials, ws.tickets
     return torch.empty(size, dtype=torch.float32, device=x.device), ws.tickets
