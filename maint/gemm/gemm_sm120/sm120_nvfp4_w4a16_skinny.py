@@ -114,6 +114,7 @@ class SkinnyConfig(NamedTuple):
     wgmma: int = 0
     split_fastest: bool = False
     tail_tiles: int = 0
+    x_pairs: bool = False
 
     FIELD_MINIMUMS = {"wgmma": 0, "tail_tiles": 0}  # wgmma 0: the mma.sync form; tail_tiles 0: no tail
     BLOCK_M_STEP = 1  # x rows come one at a time up to an n8 tile (checked in ``check_skinny_config``)
@@ -251,6 +252,8 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
             problems.append("wgmma takes block_x in whole n8 tiles (the wgmma N)")
         if config.warp_blocks(k) % config.wgmma:
             problems.append("wgmma's x chunks must divide a warp's k32 blocks")
+    if config.x_pairs and (config.stage_x or config.wgmma or config.depth % 2 or config.depth < 4):
+        problems.append("x_pairs needs the warps' rings (stage_x=False, wgmma=0) at an even depth of 4 or more")
     if config.tail_tiles and (config.split_k == 1 or config.stage_x or config.wgmma or config.tail_tiles >= config.columns(n)):
         problems.append(f"tail_tiles needs split_k > 1, stage_x=False, wgmma=0 and fewer tail columns than the {config.columns(n)} there are")
     smem = config.shared_bytes(k)
@@ -377,7 +380,7 @@ struct nvfp4_skinny_slot {
 };
 // Where a lane's x fragments come from. STAGED: the CTA's x rows, staged in shared memory before
 // the loop, read at use (rows past BX read the 16 zero bytes at `zeros`).
-template <int BX, int XT, bool STAGED, int D>
+template <int BX, int XT, bool STAGED, int D, bool PAIRS>
 struct nvfp4_skinny_x {
   const char* p[XT];
   int step[XT];
@@ -390,7 +393,7 @@ struct nvfp4_skinny_x {
       step[j] = row ? BX * 64 : 0;
     }
   }
-  __device__ __forceinline__ void load(int) {}
+  __device__ __forceinline__ void load(int, bool) {}
   __device__ __forceinline__ void skip() {}
   __device__ __forceinline__ void fetch(uint4 (&xv)[XT], int) {
 #pragma unroll
@@ -408,7 +411,7 @@ struct nvfp4_skinny_x {
 // (empty ones past the last), so waiting for all but the newest D - 1 groups waits for the block
 // about to be used.
 template <int BX, int XT, int D>
-struct nvfp4_skinny_x<BX, XT, false, D> {
+struct nvfp4_skinny_x<BX, XT, false, D, false> {
   const char* src[XT];
   int bytes[XT];
   unsigned fill, read;
@@ -425,7 +428,7 @@ struct nvfp4_skinny_x<BX, XT, false, D> {
     read = base + rr * 64 + ((r ^ (rr >> 1)) & 3) * 16;
   }
   // The next block to load, into slot d (blocks are loaded and used in order).
-  __device__ __forceinline__ void load(int d) {
+  __device__ __forceinline__ void load(int d, bool) {
     __syncwarp();  // every lane has read the slot's last block
 #pragma unroll
     for (int j = 0; j < XT; ++j) {
@@ -443,6 +446,67 @@ struct nvfp4_skinny_x<BX, XT, false, D> {
     for (int j = 0; j < XT; ++j)
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                    : "=r"(xv[j].x), "=r"(xv[j].y), "=r"(xv[j].z), "=r"(xv[j].w) : "r"(read + (d * XT + j) * 512) : "memory");
+  }
+};
+// The same ring (D even), filled two blocks at a time: a row's 64 bytes of one block are half a
+// 128-byte line, and L1 writes shared memory one wavefront per line a copy touches, so per-block
+// copies take twice the wavefronts their bytes need. Lane (q, c) copies 16-byte chunk c (0-7) of the
+// pair's rows q and q + 4 of each n8 tile: chunk c % 4 of block c / 4. An odd slot keeps row g at
+// row g ^ 1's place, so that a row's two blocks land on opposite halves of the banks. The pair of
+// slots d - 1, d is refilled after the use of d (both used), so x runs D - 1 blocks ahead; a last
+// odd block is copied alone.
+template <int BX, int XT, int D>
+struct nvfp4_skinny_x<BX, XT, false, D, true> {
+  static_assert(D % 2 == 0, "pairs of slots");
+  const char* src[XT];
+  int second[XT];  // bytes from row q to row q + 4 (0 where row q + 4 is past M: a valid address)
+  int bytes[XT][2];
+  unsigned fill[2], read[2];
+  __device__ __forceinline__ nvfp4_skinny_x(const char* first, const void* ring, int row_bytes, int m, int lane) {
+    const int q = lane >> 3, c = lane & 3, h = (lane >> 2) & 1, r = lane >> 3, rr = lane & 7;
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+      const bool exists = 8 * j + q < m, exists4 = 8 * j + q + 4 < m;
+      src[j] = first + (exists ? 8 * j + q : 0) * row_bytes + 16 * (lane & 7);
+      second[j] = exists4 ? 4 * row_bytes : 0;
+      bytes[j][0] = exists ? 16 : 0;
+      bytes[j][1] = exists4 ? 16 : 0;
+    }
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(ring)) + h * XT * 512;
+    fill[0] = base + (q ^ h) * 64 + ((c ^ (q >> 1)) & 3) * 16;
+    fill[1] = base + ((q + 4) ^ h) * 64 + ((c ^ ((q + 4) >> 1)) & 3) * 16;
+    const unsigned rbase = static_cast<unsigned>(__cvta_generic_to_shared(ring)) + ((r ^ (rr >> 1)) & 3) * 16;
+    read[0] = rbase + rr * 64;
+    read[1] = rbase + (rr ^ 1) * 64;
+  }
+  // After the use of slot d: slots d - 1 and d take the next two blocks (d odd); an even d takes its
+  // next block alone where it is the `last` one, else waits for its pair.
+  __device__ __forceinline__ void load(int d, bool last) {
+    if (d % 2 || last) {
+      __syncwarp();  // every lane has read the slots' last blocks
+      const int first_slot = d - d % 2;
+      if (d % 2 || (threadIdx.x & 4) == 0) {
+#pragma unroll
+        for (int j = 0; j < XT; ++j)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(fill[i] + (first_slot * XT + j) * 512), "l"(src[j] + (i ? second[j] : 0)),
+                         "r"(bytes[j][i]) : "memory");
+      }
+#pragma unroll
+      for (int j = 0; j < XT; ++j) src[j] += 128;
+    }
+    skip();
+  }
+  __device__ __forceinline__ void skip() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+  // The next block's fragments, from slot d: its pair's group is the newest but D - 2.
+  __device__ __forceinline__ void fetch(uint4 (&xv)[XT], int d) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(D - 2) : "memory");
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < XT; ++j)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(xv[j].x), "=r"(xv[j].y), "=r"(xv[j].z), "=r"(xv[j].w) : "r"(read[d % 2] + (d * XT + j) * 512) : "memory");
   }
 };
 // One k32 block: dequantize each weight block's lane slice (words j: rows 8j + g) and multiply.
@@ -472,16 +536,15 @@ __device__ __forceinline__ void nvfp4_skinny_load_block(nvfp4_skinny_slot<R>& sl
   slot.sw[r] = nvfp4_skinny_ldg8(sp + r * (block_stride / 8));  // 16 scale words per block against 128 code words
 }
 // The R weight blocks' block at cp, sp into ring slot d, and x's.
-template <int R, int XT, bool STAGED, int BX, int D>
-__device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R>& slot, int d, const int* cp, const int* sp, int block_stride,
-                                                  nvfp4_skinny_x<BX, XT, STAGED, D>& xs) {
+template <int R, class XS>
+__device__ __forceinline__ void nvfp4_skinny_load(nvfp4_skinny_slot<R>& slot, int d, const int* cp, const int* sp, int block_stride, XS& xs, bool last) {
 #pragma unroll
   for (int r = 0; r < R; ++r) nvfp4_skinny_load_block(slot, r, cp, sp, block_stride);
-  xs.load(d);
+  xs.load(d, last);
 }
 // The next block, from ring slot d.
-template <int R, int XT, bool STAGED, int BX, int D>
-__device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R>& slot, int d, nvfp4_skinny_x<BX, XT, STAGED, D>& xs, float* acc) {
+template <int R, int XT, class XS>
+__device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R>& slot, int d, XS& xs, float* acc) {
   uint4 xv[XT];
   xs.fetch(xv, d);
   nvfp4_skinny_block<R, XT>(slot.cw, slot.sw, xv, acc);
@@ -493,7 +556,7 @@ __device__ __forceinline__ void nvfp4_skinny_use(const nvfp4_skinny_slot<R>& slo
 // Offsets count elements. They travel apart from the bases: inside an address_of, TileLang's
 // pointer-type pass (VectorTypeAccessChecker) failed on indices past 64K elements ("can't fetch
 // the lanes of a scalable vector"; the codes of two-warp CTAs at K = 17408).
-template <int R, int D, int BX, int XT, bool STAGED, int COUNT>
+template <int R, int D, int BX, int XT, bool STAGED, bool PAIRS, int COUNT>
 __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const int* scale_base, int block_offset, const void* x, int x_col,
                                                   int row_stride, int m, const void* x_frag, int x_block, float* acc, int block_stride, int tx) {
   static_assert(COUNT >= D, "a warp's blocks fill its ring at least once");
@@ -504,10 +567,10 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
   const unsigned short* first = STAGED ? shared_x + ZERO_SLOT + x_block * BX * 32 : reinterpret_cast<const unsigned short*>(x) + x_col + x_block * 32;
   const unsigned short* x_ring = shared_x + ZERO_SLOT + (threadIdx.x >> 5) * D * XT * 256;
   // Staged x is read at its uses; the ring is filled at the loads.
-  nvfp4_skinny_x<BX, XT, STAGED, D> xs(reinterpret_cast<const char*>(first), STAGED ? shared_x : x_ring, row_stride * 2, m, lane);
+  nvfp4_skinny_x<BX, XT, STAGED, D, PAIRS> xs(reinterpret_cast<const char*>(first), STAGED ? shared_x : x_ring, row_stride * 2, m, lane);
   nvfp4_skinny_slot<R> ring[D];
 #pragma unroll
-  for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
+  for (int d = 0; d < D; ++d) nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs, false);
   if (STAGED) {  // the CTA's x copies (nvfp4_skinny_stage_x) and its zero slot, in shared memory for all warps
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
@@ -520,8 +583,8 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
     sp += D * 16;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      nvfp4_skinny_use(ring[d], d, xs, acc);
-      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
+      nvfp4_skinny_use<R, XT>(ring[d], d, xs, acc);
+      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs, false);
     }
   }
   // The last whole ring; the TAIL blocks past it refill its first slots. A use without a refill is
@@ -530,15 +593,15 @@ __device__ __forceinline__ void nvfp4_skinny_warp(const int* code_base, const in
   sp += D * 16;
 #pragma unroll
   for (int d = 0; d < D; ++d) {
-    nvfp4_skinny_use(ring[d], d, xs, acc);
+    nvfp4_skinny_use<R, XT>(ring[d], d, xs, acc);
     if (d < TAIL)
-      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs);
+      nvfp4_skinny_load(ring[d], d, cp + d * 128, sp + d * 16, block_stride, xs, d == TAIL - 1);
     else
       xs.skip();
   }
 #pragma unroll
   for (int d = 0; d < TAIL; ++d) {
-    nvfp4_skinny_use(ring[d], d, xs, acc);
+    nvfp4_skinny_use<R, XT>(ring[d], d, xs, acc);
     xs.skip();
   }
 }
@@ -789,7 +852,7 @@ def build_skinny_kernel(n: int, k: int, config: SkinnyConfig):
         if config.wgmma:
             body = f"nvfp4_skinny_wgmma<{rpw}, {depth}, {bx}, {x_tiles}, {config.wgmma_chunks_ahead}, {config.wgmma_slots(k)}, {config.wgmma}, {warp_k_blocks}>"
         else:
-            body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {warp_k_blocks}>"
+            body = f"nvfp4_skinny_warp<{rpw}, {depth}, {bx}, {x_tiles}, {str(config.stage_x).lower()}, {str(config.x_pairs).lower()}, {warp_k_blocks}>"
         T.call_extern(
             "handle",
             body,

@@ -353,20 +353,22 @@ def test_tuner_kinds_keep_the_incumbent(monkeypatch):
         S(8, 2, 2, 4, 4, 3, False, 2),
         S(8, 1, 4, 4, 4, 5, False, 1, 0, True),
         S(16, 2, 8, 4, 2, 5, False, 1, 0, True, 16),
+        S(16, 1, 4, 4, 4, 5, False, 1, 0, True, 0, True),
     ],
 )
 def test_compiles(arch, config):
     if arch == "sm_120" and config.ctas_per_sm > config.ctas_held(5120, arch):
         config = config._replace(ctas_per_sm=1)
     source = skinny.compile_skinny(16384, 5120, config, arch).get_kernel_source()
-    call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+), (true|false), (\d+)>", source)
+    call = re.search(r"nvfp4_skinny_warp<(\d+), (\d+), (\d+), (\d+), (true|false), (true|false), (\d+)>", source)
     assert call, "the warp body's template arguments are missing"
-    rpw, depth, bx, x_tiles, staged, warp_blocks = call.groups()
+    rpw, depth, bx, x_tiles, staged, pairs, warp_blocks = call.groups()
     assert tuple(map(int, (rpw, depth, bx, x_tiles))) == (config.rows_per_warp, config.depth, config.block_x, config.x_tiles)
     assert (staged == "true") == config.stage_x
+    assert (pairs == "true") == config.x_pairs
     assert int(warp_blocks) == 5120 // 32 // (1 if config.tail_tiles else config.split_k) // config.warps_k
     if config.tail_tiles:  # the tail's pieces: a second body with a split's blocks per warp
-        tail_body = "nvfp4_skinny_warp<" + ",".join([*call.groups()[:5], str(5120 // 32 // config.split_k // config.warps_k)]) + ">"
+        tail_body = "nvfp4_skinny_warp<" + ",".join([*call.groups()[:6], str(5120 // 32 // config.split_k // config.warps_k)]) + ">"
         assert tail_body in source.replace(" ", "")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in source and "ld.global.nc.L1::no_allocate.v4" in source
     assert f"__launch_bounds__({config.warps * 32}, {config.ctas_per_sm})" in source
