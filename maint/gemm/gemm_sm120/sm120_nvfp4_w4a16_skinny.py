@@ -101,7 +101,10 @@ class SkinnyConfig(NamedTuple):
     CTAs an SM holds at once share one K range and read its x through L1 together (see
     ``build_skinny_kernel``); ``tail_tiles``: 0 to split every CTA column (weight-row block) ``split_k``
     ways, else only the last ``tail_tiles`` of them, the others running whole CTAs first (see
-    ``build_skinny_kernel``: the tail evens out the SMs' work where the columns fill no whole wave)."""
+    ``build_skinny_kernel``: the tail evens out the SMs' work where the columns fill no whole wave);
+    ``x_pairs``: the warps' rings (``stage_x=False``, an even ``depth`` of 4 or more) are filled two
+    k32 blocks at a time, whole 128-byte lines per copy (see ``nvfp4_skinny_x``), x running
+    ``depth - 1`` blocks ahead instead of ``depth``."""
 
     block_x: int = 1
     rows_per_warp: int = 1
@@ -138,6 +141,10 @@ class SkinnyConfig(NamedTuple):
     def warps_k(self) -> int:
         """Warps per group, each a slice of the CTA's K range."""
         return self.warps // self.warps_n
+
+    def pairs_fit(self) -> bool:
+        """Whether ``x_pairs`` can fill this config's x: the warps' rings at an even depth of 4 or more."""
+        return not self.stage_x and not self.wgmma and self.depth % 2 == 0 and self.depth >= 4
 
     @property
     def x_tiles(self) -> int:
@@ -252,7 +259,7 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
             problems.append("wgmma takes block_x in whole n8 tiles (the wgmma N)")
         if config.warp_blocks(k) % config.wgmma:
             problems.append("wgmma's x chunks must divide a warp's k32 blocks")
-    if config.x_pairs and (config.stage_x or config.wgmma or config.depth % 2 or config.depth < 4):
+    if config.x_pairs and not config.pairs_fit():
         problems.append("x_pairs needs the warps' rings (stage_x=False, wgmma=0) at an even depth of 4 or more")
     if config.tail_tiles and (config.split_k == 1 or config.stage_x or config.wgmma or config.tail_tiles >= config.columns(n)):
         problems.append(f"tail_tiles needs split_k > 1, stage_x=False, wgmma=0 and fewer tail columns than the {config.columns(n)} there are")
@@ -264,9 +271,10 @@ def check_skinny_config(config: SkinnyConfig, n: int, k: int, arch: str) -> None
 
 
 # Without a tuned entry (the dispatch's heuristic; sm_90 only, where the kernel was timed): four
-# warps of one 32-row weight block each, 5 CTAs per SM (4 at M = 9-16 where the grid fits one wave of
-# 4 per SM: HEURISTIC_WIDE_X_CTAS_PER_SM); x staged at M = 1, else through the warps'
-# rings (one kernel serves M = 2-8 and one M = 9-16: the rings copy rows by M); the smallest
+# warps of one 32-row weight block each, 5 CTAs per SM (4 where the grid fits one wave of 4 per SM:
+# HEURISTIC_ONE_WAVE_CTAS_PER_SM); x staged at M = 1, else through the warps' rings (one kernel serves
+# M = 2-8 and one M = 9-16: the rings copy rows by M), at M = 9-16 filled in pairs of blocks
+# (``x_pairs``) where a warp's blocks pair up (HEURISTIC_PAIRS_MIN_BLOCK_X); the smallest
 # power-of-two split that gives at least HEURISTIC_MIN_CTAS_PER_SM CTAs per SM; a ring of
 # HEURISTIC_DEEP_RING k32 blocks where a warp's K slice has HEURISTIC_DEEP_MIN_BLOCKS or more and x
 # fits one n8 tile, else HEURISTIC_RING (8 deep at 16 rows needs more registers than 5 CTAs leave);
@@ -295,17 +303,27 @@ HEURISTIC_RING = 4
 HEURISTIC_DEEP_RING = 8
 HEURISTIC_DEEP_MIN_BLOCKS = 32
 HEURISTIC_CTAS_PER_SM = 5
-# Two n8 tiles of x (M = 9-16): 4 CTAs per SM where the grid fits one wave of 4 per SM. The whole
-# grid is resident either way, and the cap of 4 gives each thread 128 registers instead of 102 for
-# the second tile's accumulators and x fragments; where the grid overflows 4 per SM the fifth slot
-# saves a wave. Measured on the H200: in the 2026-12-01 timings the rule was fitted to, 4 per SM ran
-# 2-6 % faster in each of the six M = 16 cells the rule changes, and 16-29 % slower on 5120x17408
-# and 5120x6144 (640 CTAs) and 34816x5120 (1088); a race of the four untuned shapes at M = 16 agreed
-# (11008x4096 11.67 against 12.26 us, 4096x4096 7.32 against 7.46, 4096x11008 13.65 against 13.96,
-# 6144x4096 8.28 against 8.26: results/h200_timings_2026-12-03e_heuristic_race.json). Over the 35
-# cells (that race first) the rule takes 1.010x the winners' summed time, against 1.014x with 5 CTAs
-# per SM everywhere.
-HEURISTIC_WIDE_X_CTAS_PER_SM = 4
+# 4 CTAs per SM where the grid fits one wave of 4 per SM. The whole grid is resident either way, and
+# the cap of 4 gives each thread 128 registers instead of 102 (ptxas fills the 96 it may use at 5 per
+# SM at one n8 tile and at two); where the grid overflows 4 per SM the fifth slot saves a wave.
+# Measured on the H200: at M = 16 (2026-12-01 timings and a race of the four untuned shapes,
+# results/h200_timings_2026-12-03e_heuristic_race.json) 4 per SM ran 2-6 % faster in every cell
+# whose grid fits 528 CTAs, and 16-29 % slower on 5120x17408 and 5120x6144 (640 CTAs) and 34816x5120
+# (1088). At M = 1, 4 and 8 (results/h200_timings_2026-12-03f_heuristic_race_m1_8.json and
+# h200_timings_2026-12-03g_heuristic_race_m4.json, the nine shapes) it was 0.6-6 % faster in 16 of
+# the 18 cells that fit (6144x4096 M = 1 6.74 against 7.18 us, 11008x4096 M = 4 9.84 against 10.22),
+# within 0.7 % in the other two (4096x4096 M = 1 and 8: 512 CTAs), and 4-18 % slower where the grid
+# overflows.
+HEURISTIC_ONE_WAVE_CTAS_PER_SM = 4
+# x in pairs of k32 blocks (``x_pairs``) at two n8 tiles, where a warp's blocks are even (so that its
+# pairs start on 128-byte lines). H200, 2026-12-03 (results/h200_ab_2026-12-03g_x_pairs.json, the
+# heuristic's and the table's configs against their pair twins, 5 rounds): at M = 16 0.93-0.99x the
+# time on six shapes (5120x17408 17.71 against 19.03 us, 16384x5120 16.01 against 17.00, 6144x4096
+# 8.01 against 8.41), but 1.01x on 4096x11008, whose 43 blocks per warp leave every other warp's
+# pairs across lines; at one n8 tile 0.96-1.04x (5120x17408 M = 8 16.99 against 16.33), so not there.
+# ncu (5120x17408 M = 16): L1/TEX 62 % busy against 76 %, the long-scoreboard stall per issue 3.0
+# cycles against 5.5.
+HEURISTIC_PAIRS_MIN_BLOCK_X = 2 * X_TILE_ROWS
 HEURISTIC_MAX_SPLIT = 8
 
 
@@ -322,11 +340,13 @@ def heuristic_config(m: int, n: int, k: int, *, sm_count: int) -> "SkinnyConfig 
     stage_x = m == 1
     split_fastest = split > 1 and not stage_x and sm_count % split == 0
     config = SkinnyConfig(block_x, 1, split, HEURISTIC_WARPS, HEURISTIC_RING, HEURISTIC_CTAS_PER_SM, stage_x=stage_x, split_fastest=split_fastest)
-    if block_x > X_TILE_ROWS and config.ctas(n) <= HEURISTIC_WIDE_X_CTAS_PER_SM * sm_count:
-        config = config._replace(ctas_per_sm=HEURISTIC_WIDE_X_CTAS_PER_SM)
+    if config.ctas(n) <= HEURISTIC_ONE_WAVE_CTAS_PER_SM * sm_count:
+        config = config._replace(ctas_per_sm=HEURISTIC_ONE_WAVE_CTAS_PER_SM)
     if block_x <= X_TILE_ROWS and config.warp_blocks(k) >= HEURISTIC_DEEP_MIN_BLOCKS:
         config = config._replace(depth=HEURISTIC_DEEP_RING)
     config = config.depth_within(k)
+    if block_x >= HEURISTIC_PAIRS_MIN_BLOCK_X and config.warp_blocks(k) % 2 == 0 and config.pairs_fit():
+        config = config._replace(x_pairs=True)
     try:
         check_skinny_config(config, n, k, "sm_90")
     except ValueError:

@@ -267,12 +267,15 @@ SKINNY_STAGE_X = (True, False)
 SKINNY_REGISTER_SLACK = 12
 
 
+# x copied in pairs of k32 blocks (``SkinnyConfig.x_pairs``) for the rings past one n8 tile, where
+# they took 0.93-0.99x the time at M = 16 on six shapes; at one tile they took 0.96-1.04x, so the
+# tuner does not time them there (H200, 2026-12-03; results/h200_ab_2026-12-03g_x_pairs.json).
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
     tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split
     (past 1 in both CTA orders, ``split_fastest``), x staged or not, its depth cut to each warp's k32
-    blocks and its CTAs per SM to what the shared memory holds, without those whose loop would surely
-    spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
+    blocks and its CTAs per SM to what the shared memory holds, past one n8 tile also with x in pairs
+    of blocks where the ring allows, without those whose loop would surely spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
@@ -284,6 +287,7 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
         for (depth, ctas, chunk), split in itertools.product(SKINNY_WGMMA_SHAPES, SKINNY_SPLITS):
             out.append(skinny.SkinnyConfig(block_x, 1, split, warps, depth, ctas, False, warps, chunk).depth_within(k))
     out += [c._replace(split_fastest=True) for c in out if c.split_k > 1]  # see skinny.build_skinny_kernel
+    out += [c._replace(x_pairs=True) for c in out if c.block_x > skinny.X_TILE_ROWS and c.pairs_fit()]  # x_pairs: see above
     return [c for c in out if c.registers_needed() <= c.registers() + SKINNY_REGISTER_SLACK]
 
 

@@ -177,9 +177,11 @@ def test_heuristic_configs_fit_up_to_two_n8_tiles(n, k):
         assert config.rows_per_warp == 1, (m, n, k, config)
         assert config.split_fastest == (config.split_k > 1 and m > 1 and 132 % config.split_k == 0), config
         assert config.registers_needed() <= config.registers(), config
-        # 4 CTAs per SM for two n8 tiles where the grid fits one wave of 4 per SM, else 5
-        wide_fits = m > skinny.X_TILE_ROWS and config.ctas(n) <= skinny.HEURISTIC_WIDE_X_CTAS_PER_SM * 132
-        assert config.ctas_per_sm == (skinny.HEURISTIC_WIDE_X_CTAS_PER_SM if wide_fits else skinny.HEURISTIC_CTAS_PER_SM), config
+        # 4 CTAs per SM where the grid fits one wave of 4 per SM, else 5
+        one_wave = config.ctas(n) <= skinny.HEURISTIC_ONE_WAVE_CTAS_PER_SM * 132
+        assert config.ctas_per_sm == (skinny.HEURISTIC_ONE_WAVE_CTAS_PER_SM if one_wave else skinny.HEURISTIC_CTAS_PER_SM), config
+        # x in pairs of blocks at two n8 tiles where each warp's blocks pair up
+        assert config.x_pairs == (m > skinny.X_TILE_ROWS and config.warp_blocks(k) % 2 == 0), config
         # the smallest power-of-two split that reaches the CTA target, or the largest K allows
         target, ctas = skinny.HEURISTIC_MIN_CTAS_PER_SM * 132, n // nv.FRAG_N * config.split_k
         can_double = config.split_k < skinny.HEURISTIC_MAX_SPLIT and k // nv.FRAG_K % (2 * config.split_k * config.warps) == 0
@@ -194,6 +196,9 @@ def test_heuristic_configs_fit_up_to_two_n8_tiles(n, k):
 
 # The tuner's timings the heuristic was fitted to (H200), newest first: a cell takes the first file's.
 HEURISTIC_TIMINGS = [
+    "h200_timings_2026-12-03h_heuristic_race_m16.json",
+    "h200_timings_2026-12-03g_heuristic_race_m4.json",
+    "h200_timings_2026-12-03f_heuristic_race_m1_8.json",
     "h200_timings_2026-12-03e_heuristic_race.json",
     "h200_timings_2026-12-01w_heuristic_split_fastest.json",
     "h200_timings_2026-12-01v_split_fastest_retune.json",
@@ -454,6 +459,17 @@ REFERENCE_CASES = [
     (11, 14336, 5120, S(16, 1, 4, 4, 4, 4, False, 1, 0, False, 52)),
     (3, 5120, 6144, S(4, 1, 2, 4, 4, 5, False, 1, 0, True, 1)),
     (8, 16384, 5120, S(8, 2, 2, 4, 4, 3, False, 2, 0, False, 124)),
+    # x copied in pairs of k32 blocks (x_pairs): two n8 tiles with rows past M (12: row q + 4 of the
+    # second tile never exists; 13), one tile, an odd tail copied alone (43 blocks per warp at depth 8:
+    # tail 3; its warps start at odd blocks, so pairs straddle lines), an even tail (34 at depth 4),
+    # a tail of columns, two weight blocks per warp.
+    (12, 4096, 4096, S(16, 1, 4, 4, 4, 4, False, 1, 0, True, 0, True)),
+    (13, 5120, 17408, S(16, 1, 4, 4, 4, 5, False, 1, 0, True, 0, True)),
+    (5, 4096, 4096, S(8, 1, 4, 4, 4, 5, False, 1, 0, True, 0, True)),
+    (8, 4096, 11008, S(8, 1, 2, 4, 8, 5, False, 1, 0, True, 0, True)),
+    (1, 4096, 11008, S(1, 1, 2, 4, 8, 5, False, 1, 0, False, 0, True)),
+    (16, 14336, 5120, S(16, 1, 2, 4, 4, 4, False, 1, 0, True, 52, True)),
+    (10, 16384, 5120, S(16, 2, 1, 4, 4, 3, False, 1, 0, False, 0, True)),
 ]
 
 
