@@ -318,7 +318,7 @@ HEURISTIC_ONE_WAVE_CTAS_PER_SM = 4
 # x in pairs of k32 blocks (``x_pairs``) at two n8 tiles, where a warp's blocks are even (so that its
 # pairs start on 128-byte lines). H200, 2026-12-03 (results/h200_ab_2026-12-03g_x_pairs.json, the
 # heuristic's and the table's configs against their pair twins, 5 rounds): at M = 16 0.93-0.99x the
-# time on six shapes (5120x17408 17.71 against 19.03 us, 16384x5120 16.01 against 17.00, 6144x4096
+# time on seven shapes (5120x17408 17.71 against 19.03 us, 16384x5120 16.01 against 17.00, 6144x4096
 # 8.01 against 8.41), but 1.01x on 4096x11008, whose 43 blocks per warp leave every other warp's
 # pairs across lines; at one n8 tile 0.96-1.04x (5120x17408 M = 8 16.99 against 16.33), so not there.
 # ncu (5120x17408 M = 16): L1/TEX 62 % busy against 76 %, the long-scoreboard stall per issue 3.0

@@ -268,8 +268,8 @@ SKINNY_REGISTER_SLACK = 12
 
 
 # x copied in pairs of k32 blocks (``SkinnyConfig.x_pairs``) for the rings past one n8 tile, where
-# they took 0.93-0.99x the time at M = 16 on six shapes; at one tile they took 0.96-1.04x, so the
-# tuner does not time them there (H200, 2026-12-03; results/h200_ab_2026-12-03g_x_pairs.json).
+# they took 0.93-0.99x the time at M = 16 on seven of eight shapes; at one tile they took 0.96-1.04x,
+# so the tuner does not time them there (H200, 2026-12-03; results/h200_ab_2026-12-03g_x_pairs.json).
 def skinny_candidates(m: int, k: int, arch: str) -> list:
     """The skinny kernel's candidates at this M: each shape of ``SKINNY_SHAPES`` (or, past one n8
     tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split
