@@ -322,7 +322,9 @@ HEURISTIC_ONE_WAVE_CTAS_PER_SM = 4
 # 8.01 against 8.41), but 1.01x on 4096x11008, whose 43 blocks per warp leave every other warp's
 # pairs across lines; at one n8 tile 0.96-1.04x (5120x17408 M = 8 16.99 against 16.33), so not there.
 # ncu (5120x17408 M = 16): L1/TEX 62 % busy against 76 %, the long-scoreboard stall per issue 3.0
-# cycles against 5.5.
+# cycles against 5.5. With both rules, over the 36 cells of the races and the tuner's timings
+# (results/h200_timings_2026-12-03h_heuristic_race_m16.json first: 34816x5120 M = 16 32.24 against
+# 36.28 us without pairs) the heuristic takes 1.013x the winners' summed time, 1.039x without them.
 HEURISTIC_PAIRS_MIN_BLOCK_X = 2 * X_TILE_ROWS
 HEURISTIC_MAX_SPLIT = 8
 

@@ -208,14 +208,14 @@ HEURISTIC_TIMINGS = [
     "h200_timings_2026-12-01n_skinny_m16.json",
     "h200_timings_2026-12-01l_skinny_retune.json",
 ]
-HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells (1.017 when fitted, 1.010 since 2026-12-03e)
+HEURISTIC_FIT = 1.02  # the rule's summed time over the winners' in those cells (1.017 when fitted, 1.013 since 2026-12-03h)
 
 
 def test_heuristic_against_the_tuner_timings():
     """In each of the 36 cells (the five default shapes and four others at M = 1, 4, 8, 16) the tuner
-    or a race timed the rule's config, and over all of them it takes
-    at most HEURISTIC_FIT x the winners' summed time. The rule's M = 2-8 config holds 8 rows and was timed as the same kernel at
-    ``block_x_for(m)`` (one n8 tile either way; the rings copy rows by M)."""
+    or a race timed the rule's config, and over all of them it takes at most HEURISTIC_FIT x the
+    winners' summed time. The rule's M = 2-8 config holds 8 rows; the tuner timed it as the same
+    kernel at ``block_x_for(m)`` (one n8 tile either way; the rings copy rows by M), the races as is."""
     cells = {}
     for name in HEURISTIC_TIMINGS:
         timed = {}
@@ -227,8 +227,8 @@ def test_heuristic_against_the_tuner_timings():
     ours = best = 0.0
     for (n, k, m), times in cells.items():
         config = skinny.heuristic_config(m, n, k, sm_count=132)
-        timed_as = config._replace(block_x=skinny.block_x_for(m)) if 1 < m <= skinny.X_TILE_ROWS else config
-        assert timed_as in times, ((n, k, m), config)
+        timed_as = next((c for c in (config, config._replace(block_x=skinny.block_x_for(m))) if c in times), None)
+        assert timed_as is not None, ((n, k, m), config)
         ours, best = ours + times[timed_as], best + min(times.values())
     assert len(cells) == 36 and ours <= HEURISTIC_FIT * best, (len(cells), ours, best)
 
