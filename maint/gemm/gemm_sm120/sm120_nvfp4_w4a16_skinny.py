@@ -507,7 +507,7 @@ struct nvfp4_skinny_x<BX, XT, false, D, true> {
     if (d % 2 || last) {
       __syncwarp();  // every lane has read the slots' last blocks
       const int first_slot = d - d % 2;
-      if (d % 2 || (threadIdx.x & 4) == 0) {
+      if (d % 2 || (threadIdx.x & 4) == 0) {  // alone: only the lanes of the first block's chunks
 #pragma unroll
         for (int j = 0; j < XT; ++j)
 #pragma unroll
