@@ -275,7 +275,8 @@ def skinny_candidates(m: int, k: int, arch: str) -> list:
     tile, ``SKINNY_WIDE_SHAPES`` and on sm_90 up to 24 rows ``SKINNY_WGMMA_SHAPES``) at each split
     (past 1 in both CTA orders, ``split_fastest``), x staged or not, its depth cut to each warp's k32
     blocks and its CTAs per SM to what the shared memory holds, past one n8 tile also with x in pairs
-    of blocks where the ring allows, without those whose loop would surely spill (``registers_needed`` past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
+    of blocks where the ring allows, without those whose loop would surely spill (``registers_needed``
+    past ``SKINNY_REGISTER_SLACK``; ``candidates`` filters the rest)."""
     block_x = skinny.block_x_for(m)
     shapes = SKINNY_SHAPES if block_x <= skinny.X_TILE_ROWS else SKINNY_WIDE_SHAPES
     out = []
