@@ -72,7 +72,12 @@ class WgmmaStreamKConfig(NamedTuple):
     ``producer`` as in ``hopper.WgmmaConfig``. ``streamk_waves`` = 0 cuts the whole (tile, k tile)
     space into equal ranges; ``w`` >= 1 cuts only the tiles left over by whole waves plus ``w - 1``
     waves (``streamk_tiles``): the CTAs share those first, then take the rest whole, one per CTA per
-    wave."""
+    wave. ``a_batches`` as in ``hopper.WgmmaConfig``: two batches per 128-deep k tile take one
+    warpgroup's A registers from 128 to 64 per thread, which lets two CTAs per SM take a producer
+    warpgroup without ptxas serializing their wgmmas (H200, 2026-12-03, 34816x5120, one warpgroup,
+    6 stages, 2 CTAs per SM: M = 24 35.4 us against 37.0, M = 32 37.1 against 38.0;
+    results/h200_ab_2026-12-03i_a_batches.json). Without the producer two batches tied and four lost
+    (the extra wgmma waits), with or without it."""
 
     block_x: int = 128
     block_k: int = hopper.SWIZZLE_K
@@ -82,6 +87,7 @@ class WgmmaStreamKConfig(NamedTuple):
     warpgroups: int = 1
     producer: bool = False
     streamk_waves: int = 0
+    a_batches: int = 1
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     FIELD_MINIMUMS = {"streamk_waves": 0}  # 0: plain stream-K
@@ -90,7 +96,9 @@ class WgmmaStreamKConfig(NamedTuple):
 
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
-        return hopper.WgmmaConfig(self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer)
+        return hopper.WgmmaConfig(
+            self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer, a_batches=self.a_batches
+        )
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -387,7 +395,9 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     bx, stages = config.block_x, config.stages
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
-    pipe = hopper.wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm)
+    pipe = hopper.wgmma_pipeline(
+        bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm, a_batches=config.a_batches
+    )
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
     M = T.dynamic("m")

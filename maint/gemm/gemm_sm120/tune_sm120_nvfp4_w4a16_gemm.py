@@ -145,6 +145,11 @@ WGMMA_DEEP_K_MIN_STAGES = 4
 # 49-64 (64 rows: 48.7 against 51.9 for the table's two warpgroups and a producer;
 # results/h200_timings_2026-12-02c_34816_m40-64_tma48.json).
 TMA_STREAMK_MAX_BLOCK_X = 64
+# ... and those by TMA also with a producer warpgroup, which two CTAs per SM of one consumer
+# warpgroup take only with the A registers in two batches per k tile (``WgmmaStreamKConfig.a_batches``:
+# at one batch ptxas serializes the wgmmas). 34816x5120, 6 stages (H200, 2026-12-03i, tuner twins,
+# results/h200_update_2026-12-03i_34816_a_batches.json): 0.95-0.98x the time at M = 24-64.
+PRODUCER_STREAMK_A_BATCHES = 2
 # Blocks up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows (the narrow ones it was measured on) as split-K by
 # TMA, at the deepest pipeline two CTAs per SM hold, over every split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
 # tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
@@ -351,7 +356,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         deepest = hopper.deepest_stages(bx, streamk.ctas_per_sm, hopper.DEEP_K)
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
             deep = [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
-            out += deep + [c._replace(tma_loads=True) for c in deep if bx <= TMA_STREAMK_MAX_BLOCK_X]
+            by_tma = [c._replace(tma_loads=True) for c in deep if bx <= TMA_STREAMK_MAX_BLOCK_X]
+            out += deep + by_tma + [c._replace(producer=True, a_batches=PRODUCER_STREAMK_A_BATCHES) for c in by_tma]
     if m > TWO_WARPGROUP_MIN_M:
         covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
         for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):

@@ -187,7 +187,9 @@ class WgmmaConfig(NamedTuple):
     untuned split configs of 24-48 rows, one process, two runs each; results/h200_ab_2026-12-03b_wgmma_ticket.json
     in maint/gemm/gemm_sm120): tickets took 0.97-0.98x the time on 5120x17408 at M = 17 and 24
     (24 rows, split 3) and 0.96x on 4096x4096 at M = 32 (split 4), marked 0.93-0.95x on 6144x4096
-    at M = 24-48 (split 2) and 5120x6144 at M = 40, so the tuner races both."""
+    at M = 24-48 (split 2) and 5120x6144 at M = 40, so the tuner races both. ``a_batches``: a
+    k tile's wgmmas go in this many commit batches (1, 2 or 4 at 128-deep k tiles), so the A
+    registers hold two batches instead of two k tiles (see ``wgmma_pipeline``)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -197,6 +199,7 @@ class WgmmaConfig(NamedTuple):
     warpgroups: int = 1
     producer: bool = False
     tickets: bool = False
+    a_batches: int = 1
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
@@ -224,12 +227,12 @@ class WgmmaConfig(NamedTuple):
         )
 
 
-def operand_sizes(block_x: int, block_k: int, warpgroups: int) -> tuple:
-    """``(a_size, acc_size)`` per thread: bf16 A values of one k tile ([k16 step][m64 atom][4
-    registers]; the kernel keeps two such halves) and FP32 accumulators (per atom of its warpgroup,
-    block_x / 8 column groups of 4)."""
+def operand_sizes(block_x: int, block_k: int, warpgroups: int, a_batches: int = 1) -> tuple:
+    """``(a_size, acc_size)`` per thread: bf16 A values of one of a k tile's ``a_batches`` wgmma
+    batches ([k16 step][m64 atom][4 registers]; the kernel keeps two such halves) and FP32
+    accumulators (per atom of its warpgroup, block_x / 8 column groups of 4)."""
     atoms = ATOMS // warpgroups
-    return block_k // 16 * atoms * 8, atoms * block_x // 2
+    return block_k // 16 // a_batches * atoms * 8, atoms * block_x // 2
 
 
 def min_warpgroups(block_x: int) -> int:
@@ -885,7 +888,9 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
     if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
         raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
-    a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups)
+    if config.a_batches < 1 or config.block_k // example.FRAG_K % config.a_batches:
+        raise ValueError(f"config {config}: a_batches must divide the {config.block_k // example.FRAG_K} k32 blocks of a k tile")
+    a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups, config.a_batches)
     if acc_size + a_size > MAX_WGMMA_OPERAND_REGISTERS:  # two halves of a_size bf16 values: a_size registers
         raise ValueError(
             f"config {config}: {acc_size} accumulators and {a_size} A registers per thread exceed {MAX_WGMMA_OPERAND_REGISTERS}, "
@@ -963,9 +968,10 @@ def wgmma_pipeline(
     producer: bool = False,
     ctas_per_sm: int = 1,
     producer_registers: int = PRODUCER_REGISTERS,
+    a_batches: int = 1,
 ) -> WgmmaPipeline:
     """The pipeline, as TileLang macros (with a ``producer``, for ``producer_ctas_per_sm(warpgroups,
-    ctas_per_sm)`` CTAs per SM).
+    ctas_per_sm)`` CTAs per SM; ``a_batches`` wgmma batches per k tile).
 
     ``setup()`` allocates the shared stages (and, with TMA loads, their ``full`` barriers; with a
     producer, ``empty`` ones too; None otherwise) and the registers and points the wgmma descriptor at
@@ -977,11 +983,14 @@ def wgmma_pipeline(
     the k tiles this CTA ran through the stages before (0 for the split-K kernel's one segment): the
     stages and their barrier phases continue from there.
 
-    It keeps one wgmma in flight while the next k tile is dequantized: k tile ``t`` waits for its
-    stage, dequantizes into half ``t % 2`` of the A registers, issues its wgmma and waits only for
-    tile ``t - 1``'s. The loads of tile ``t + stages - 2`` go into the stage of tile ``t - 2``, which
-    like the A half a dequant overwrites was released by the previous k tile's wgmma wait, which
-    every warp passed before this k tile's barrier. The two loaders (``WgmmaConfig.tma_loads``):
+    It keeps one batch of wgmmas in flight while the next is dequantized: k tile ``t`` waits for its
+    stage, dequantizes into half ``t % 2`` of the A registers, issues its wgmmas and waits only for
+    tile ``t - 1``'s. With ``a_batches`` > 1 a k tile's k32 blocks go in that many batches, each
+    dequantized into the A half the batch before it does not hold and waited for by the next batch:
+    the A registers hold two batches instead of two k tiles. The loads of tile ``t + stages - 2`` go
+    into the stage of tile ``t - 2``, which like the A half a dequant overwrites was released by a
+    wgmma wait of the previous k tile, which every warp passed before this k tile's barrier. The two
+    loaders (``WgmmaConfig.tma_loads``):
 
     - cp.async from all threads, issued right after the barrier. cp.async writes are
       generic-proxy and wgmma reads async-proxy, so a ``fence.proxy.async`` follows each stage's wait.
@@ -1019,7 +1028,8 @@ def wgmma_pipeline(
     bounded = bounded_registers(wgs, ctas_per_sm) is not None
     atoms = ATOMS // wgs  # m64 atoms per warpgroup
     blocks, kbs = rows // example.FRAG_N, bk // example.FRAG_K
-    a_size, acc_size = operand_sizes(bx, bk, wgs)
+    batch_a, acc_size = operand_sizes(bx, bk, wgs, a_batches)  # A values of one wgmma batch
+    kbs_per_batch = kbs // a_batches
     x_stage_bytes = bx * bk * 2
 
     # Accumulator q = (p * bx / 8 + i) * 4 + c of warp w (counted over the CTA) holds x row
@@ -1110,49 +1120,53 @@ def wgmma_pipeline(
         if not tma_loads:
             load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
         block, part = warp_words(warp, wgs)
-        for kb in T.unroll(kbs):
-            T.call_extern(
-                "handle",
-                "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
-                # Read-only pointers: an address_of here would count as a shared-memory write for
-                # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
-                T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
-                T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
-                T.address_of(b_regs[0]),
-            )
-            # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
-            # (word j = 2p + rowhalf of the words dequantized); q walks this k32 block's A values in
-            # register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
-            for q in T.unroll(2 * atoms * 8):
-                a_regs[half * a_size + kb * 2 * atoms * 8 + q] = b_regs[
-                    (4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2
-                ]
-        T.warpgroup_fence_operand(a_regs, half * a_size, num_regs=a_size // 2)
-        T.warpgroup_fence_operand(acc, num_regs=acc_size)
-        T.warpgroup_arrive()
         # The stage's descriptor once, as a 64-bit value: each wgmma then adds its constant offset in
         # one UIADD3.64, where ``desc + offset`` (a 32-bit add into the descriptor) cost ptxas three
         # uniform instructions per wgmma (W13's consumer loop: 361 SASS instructions against 387).
         stage_desc = T.alloc_var(T.uint64)
         stage_desc = desc[0] + stage * x_stage_bytes // 16
-        for s, p in T.grid(bk // 16, atoms):  # unrolled: nvcc unrolls the constant loops
-            for j, cols in n_chunks:  # x rows j ..: 128 bytes each on, and their accumulators
-                T.ptx_wgmma_rs(
-                    T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
-                    a_regs.data, half * a_size + (s * atoms + p) * 8,
-                    stage_desc, ((s // 4 * bx + j) * X_ROW_BYTES + s % 4 * 32) // 16,  # k16 step s: its panel, 32 bytes on
-                    acc.data, p * bx // 2 + j // 2,
-                    1, 1, 1,
-                )  # fmt: skip
-        T.warpgroup_commit_batch()
-        if tma_loads and not producer:
-            load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
-        T.warpgroup_wait(1)  # tile t - 1's wgmma is done: its A half and stage are free
-        T.warpgroup_fence_operand(acc, num_regs=acc_size)
-        T.warpgroup_fence_operand(a_regs, (1 - half) * a_size, num_regs=a_size // 2)
-        if producer:
-            if t > 0:
-                T.mbarrier_arrive(empty[(base + t - 1) % stages])  # ... so the producer may refill it
+        steps = bk // 16 // a_batches  # k16 steps per batch
+        for b in T.unroll(a_batches):
+            buf = (half * a_batches + b) % 2  # the A half this batch fills; the other is in flight
+            for kb in T.unroll(b * kbs_per_batch, (b + 1) * kbs_per_batch):
+                T.call_extern(
+                    "handle",
+                    "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
+                    # Read-only pointers: an address_of here would count as a shared-memory write for
+                    # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
+                    T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
+                    T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
+                    T.address_of(b_regs[0]),
+                )
+                # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
+                # (word j = 2p + rowhalf of the words dequantized); q walks this k32 block's A values in
+                # register order: q = ((s * atoms + p) * 4 + h * 2 + rh) * 2 + e.
+                for q in T.unroll(2 * atoms * 8):
+                    a_regs[buf * batch_a + (kb - b * kbs_per_batch) * 2 * atoms * 8 + q] = b_regs[
+                        (4 * (2 * (q // 8 % atoms) + q // 2 % 2) + 2 * (q // (8 * atoms)) + q // 4 % 2) * 2 + q % 2
+                    ]
+            T.warpgroup_fence_operand(a_regs, buf * batch_a, num_regs=batch_a // 2)
+            T.warpgroup_fence_operand(acc, num_regs=acc_size)
+            T.warpgroup_arrive()
+            for s, p in T.grid(steps, atoms):  # unrolled: nvcc unrolls the constant loops
+                for j, cols in n_chunks:  # x rows j ..: 128 bytes each on, and their accumulators
+                    ks = b * steps + s  # the k16 step of the tile
+                    T.ptx_wgmma_rs(
+                        T.float32, f"m{WGMMA_ATOM_M}n{cols}k16", True, "bf16", "bf16", "fp32",
+                        a_regs.data, buf * batch_a + (s * atoms + p) * 8,
+                        stage_desc, ((ks // 4 * bx + j) * X_ROW_BYTES + ks % 4 * 32) // 16,  # k16 step ks: its panel, 32 bytes on
+                        acc.data, p * bx // 2 + j // 2,
+                        1, 1, 1,
+                    )  # fmt: skip
+            T.warpgroup_commit_batch()
+            if tma_loads and not producer and b == a_batches - 1:
+                load_ahead(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, t, count, kt0, base, bm, bn, m, tx)
+            T.warpgroup_wait(1)  # the previous batch's wgmma is done: its A half (and, at b = 0, tile t - 1's stage) are free
+            T.warpgroup_fence_operand(acc, num_regs=acc_size)
+            T.warpgroup_fence_operand(a_regs, (1 - buf) * batch_a, num_regs=batch_a // 2)
+            if producer and b == 0:
+                if t > 0:
+                    T.mbarrier_arrive(empty[(base + t - 1) % stages])  # ... so the producer may refill it
 
     @T.macro
     def setup():
@@ -1170,7 +1184,7 @@ def wgmma_pipeline(
             T.annotate_layout({x_tiles: make_full_bank_swizzled_layout(x_tiles)})  # TMA's 128-byte swizzle
         if producer:
             empty = T.alloc_barrier([consumer_threads] * stages)  # every consumer thread releases
-        a_regs = T.alloc_local((2 * a_size,), T.bfloat16)  # two halves: one in flight, one filling
+        a_regs = T.alloc_local((2 * batch_a,), T.bfloat16)  # two halves: one in flight, one filling
         b_regs = T.alloc_local((32,), T.bfloat16)
         acc = T.alloc_local((acc_size,), T.float32)
         desc = T.alloc_wgmma_desc()
@@ -1293,7 +1307,9 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     rows = CTA_ROWS
     k_tiles = k // bk
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
-    pipe = wgmma_pipeline(bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS)
+    pipe = wgmma_pipeline(
+        bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches
+    )
     threads, x_row = pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(config.split_plan, pipe.consumer_threads, pipe.sync_consumers)
     M = T.dynamic("m")

@@ -179,6 +179,9 @@ def test_compiles_for_sm90a(config):
         (34816, 5120, sk.WgmmaStreamKConfig(40, 128, 5, 2, True)),
         (16384, 5120, wg.WgmmaConfig(24, 128, 13, 1, True, 2, True)),  # two warpgroups on an 8-row step
         (5120, 17408, sk.WgmmaStreamKConfig(40, 128, 8, 1, True, 2, True)),
+        (34816, 5120, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False, 0, 2)),  # a_batches
+        (34816, 5120, sk.WgmmaStreamKConfig(64, 128, 4, 2, True, 1, False, 0, 4)),
+        (5120, 6144, wg.WgmmaConfig(96, 128, 3, split_k=2, a_batches=2)),
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -320,17 +323,22 @@ def test_tuner_offers_x_blocks_in_eight_row_steps(m, narrow, tight):
 def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
     """One-warpgroup 128-deep stream-K is offered with TMA loads beside cp.async up to
     TMA_STREAMK_MAX_BLOCK_X rows (it won 34816x5120 M = 17-32 with TMA, 2026-12-01x, and M = 33-64,
-    2026-12-02); wider blocks are not offered 128 deep."""
+    2026-12-02), and by TMA also with a producer and two A batches (2026-12-03i, M = 24-64); wider
+    blocks are not offered 128 deep."""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     def one_warpgroup_deep(m):
         return {c for c in tune.candidates(m, 34816, 5120, "sm_90") if isinstance(c, sk.WgmmaStreamKConfig) and c.warpgroups == 1 and c.block_k == 128}
 
-    # the H200 table's winners at M = 17-32, 33-48 and 49-64, each beside its cp.async twin
+    # the H200 table's winners before the producer twins, at M = 17-32, 33-48 and 49-64, each beside
+    # its cp.async twin and its producer twin
     for m, winner in ((32, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False)), (48, sk.WgmmaStreamKConfig(48, 128, 5, 2, True, 1, False)),
                       (64, sk.WgmmaStreamKConfig(64, 128, 4, 2, True, 1, False))):
-        both = one_warpgroup_deep(m)
+        offered = one_warpgroup_deep(m)
+        both = {c for c in offered if not c.producer}
         assert winner in both and {c._replace(tma_loads=not c.tma_loads) for c in both} == both
+        by_tma = {c for c in both if c.tma_loads}
+        assert offered - both == {c._replace(producer=True, a_batches=tune.PRODUCER_STREAMK_A_BATCHES) for c in by_tma}
     # wider one-warpgroup blocks hold fewer than WGMMA_DEEP_K_MIN_STAGES 128-deep stages: none offered
     assert all(c.block_x <= tune.TMA_STREAMK_MAX_BLOCK_X for m in (96, 256, 1024) for c in one_warpgroup_deep(m))
 
@@ -632,6 +640,9 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(256, tma_loads=True, warpgroups=2, producer=1),
         wg.WgmmaConfig(32, 128, 5, tickets=True),  # an exchange choice without a split
         wg.WgmmaConfig(32, 128, 5, split_k=2, tickets=1),
+        wg.WgmmaConfig(32, 128, 5, a_batches=3),  # batches divide a k tile's four k32 blocks
+        wg.WgmmaConfig(32, 64, 5, a_batches=4),  # ... or two
+        wg.WgmmaConfig(32, 128, 5, a_batches=0),
     ],
 )
 def test_bad_configs(config):
@@ -1569,6 +1580,8 @@ REFERENCE_CASES = [
     (130, 640, 2304, wg.WgmmaConfig(136, 64, 4, warpgroups=2)),  # ... on 136 rows
     (270, 640, 2304, wg.WgmmaConfig(264, 64, 4, warpgroups=2)),  # ... on 264 rows: two wgmmas per k16 step (N 256 + 8)
     (17, 5120, 6144, wg.WgmmaConfig(24, 64, 4, split_k=3, tickets=True)),  # tickets where the marked exchange fits
+    (200, 640, 2304, wg.WgmmaConfig(96, 128, 3, split_k=2, a_batches=2)),  # two batches per k tile; the odd first tile
+    (33, 5120, 6144, wg.WgmmaConfig(48, 64, 6, a_batches=2)),  # ... of 64-deep tiles
 ]
 REFERENCE_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in REFERENCE_CASES]
 # A producer warpgroup (TMA, two consumer warpgroups): stage reuse over many fills, a single fill per
@@ -1601,6 +1614,11 @@ PRODUCER_CASES = [
     (24, 16384, 5120, wg.WgmmaConfig(24, 128, 13, 1, True, 2, True)),
     (37, 5120, 6144, wg.WgmmaConfig(40, 128, 5, 3, True, 2, True)),
     (40, 5120, 17408, sk.WgmmaStreamKConfig(40, 128, 8, 1, True, 2, True)),
+    # a_batches: a k tile's wgmmas in two or four batches (the table's 34816x5120 M = 17-64 form)
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2)),  # 1360 k tiles over 264 CTAs: 5-6 per piece
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 6, 2, True, 1, True, 0, 2)),  # 5 tiles x 18 k tiles: odd segments, a partial x block
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, True, 1, True, 0, 4)),  # four batches
+    (32, 640, 2560, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, a_batches=2)),  # split-K, uneven: 7, 7, 6 k tiles
     # streamk_waves: stream-K over the tiles left after whole waves, then the waves (H200 SM count)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
@@ -1621,6 +1639,7 @@ STREAMK_CASES = [
     (512, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 2, streamk_waves=1)),  # 264 tiles over 264 CTAs: all whole
     (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 7, 2)),  # x blocks in 8-row steps (the tuner's narrow twins)
     (37, 5120, 6144, sk.WgmmaStreamKConfig(40, 128, 5, 2)),
+    (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, a_batches=2)),  # a_batches without a producer
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
@@ -2002,10 +2021,10 @@ def test_streamk_runs_on_sm90_only():
 
 
 def test_streamk_config_round_trips_through_a_table_entry():
-    for config in (sk.WgmmaStreamKConfig(96, 64, 5, 2), sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)):
+    for config in (sk.WgmmaStreamKConfig(96, 64, 5, 2), sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2), sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)):
         entry = sk.config_to_json(config)
         assert entry["kind"] == "WgmmaStreamKConfig" and sk.config_from_json(entry) == config
-    del entry["config"]["streamk_waves"]  # a table written before the field: plain stream-K
+    del entry["config"]["streamk_waves"], entry["config"]["a_batches"]  # a table written before the fields: plain stream-K, one batch
     assert sk.config_from_json(entry) == sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True)
 
 
