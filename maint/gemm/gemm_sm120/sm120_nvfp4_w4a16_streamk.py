@@ -74,10 +74,12 @@ class WgmmaStreamKConfig(NamedTuple):
     waves (``streamk_tiles``): the CTAs share those first, then take the rest whole, one per CTA per
     wave. ``a_batches`` as in ``hopper.WgmmaConfig``: two batches per 128-deep k tile take one
     warpgroup's A registers from 128 to 64 per thread, which lets two CTAs per SM take a producer
-    warpgroup without ptxas serializing their wgmmas (H200, 2026-12-03, 34816x5120, one warpgroup,
-    6 stages, 2 CTAs per SM: M = 24 35.4 us against 37.0, M = 32 37.1 against 38.0;
-    results/h200_ab_2026-12-03i_a_batches.json). Without the producer two batches tied and four lost
-    (the extra wgmma waits), with or without it."""
+    warpgroup without ptxas serializing their wgmmas. H200, 2026-12-03 (34816x5120, one warpgroup,
+    6 stages, 2 CTAs per SM; results/h200_ab_2026-12-03i_a_batches.json), against one batch and no
+    producer: with the producer M = 24 35.4 us against 37.0 and M = 32 37.1 against 38.0; without
+    it 37.0 and 38.6 (the per-k-tile CTA barrier stays); four batches lost with or without it
+    (39.1-45.5 at M = 32: a wgmma wait per k32 block). The batches alone, at three CTAs per SM
+    (the forty-second session's ``batch_k``), had lost 2-7 % and were dropped."""
 
     block_x: int = 128
     block_k: int = hopper.SWIZZLE_K

@@ -81,8 +81,8 @@ MAX_WGMMA_OPERAND_REGISTERS = 224
 # of the bound. Three one-warpgroup CTAs per SM get 168: ptxas (sm_90a, 34816x5120) kept 96 and 112
 # operand registers asynchronous without spills (158 and 142 registers used) and 128 at exactly the
 # bound; four get 128 and it serialized the wgmmas of 80 (C7512). Measured on kernels that ran a
-# 128-deep k tile as two 64-deep wgmma batches, since dropped (NOTES, forty-second and forty-third
-# sessions).
+# 128-deep k tile as two 64-deep wgmma batches (NOTES, forty-second and forty-third sessions; the
+# ``a_batches`` of today).
 BOUNDED_NON_OPERAND_REGISTERS = 56
 UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
 # Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
@@ -189,7 +189,10 @@ class WgmmaConfig(NamedTuple):
     (24 rows, split 3) and 0.96x on 4096x4096 at M = 32 (split 4), marked 0.93-0.95x on 6144x4096
     at M = 24-48 (split 2) and 5120x6144 at M = 40, so the tuner races both. ``a_batches``: a
     k tile's wgmmas go in this many commit batches (1, 2 or 4 at 128-deep k tiles), so the A
-    registers hold two batches instead of two k tiles (see ``wgmma_pipeline``)."""
+    registers hold two batches instead of two k tiles (see ``wgmma_pipeline``). It pays where the
+    registers are short (``WgmmaStreamKConfig``); on the two-warpgroup producer configs of the H200
+    table at M = 24 and 32 it took 1.01-1.07x the time (results/h200_update_2026-12-03j_a_batches_two_warpgroups.json
+    in maint/gemm/gemm_sm120)."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -1308,8 +1311,9 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     k_tiles = k // bk
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
     pipe = wgmma_pipeline(
-        bx, stages, config.tma_loads, config.warpgroups, bk, config.producer, producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches
-    )
+        bx, stages, config.tma_loads, config.warpgroups, bk, config.producer,
+        producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches,
+    )  # fmt: skip
     threads, x_row = pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(config.split_plan, pipe.consumer_threads, pipe.sync_consumers)
     M = T.dynamic("m")

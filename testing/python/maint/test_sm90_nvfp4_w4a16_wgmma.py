@@ -2021,7 +2021,8 @@ def test_streamk_runs_on_sm90_only():
 
 
 def test_streamk_config_round_trips_through_a_table_entry():
-    for config in (sk.WgmmaStreamKConfig(96, 64, 5, 2), sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2), sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)):
+    a_batched = sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2)
+    for config in (sk.WgmmaStreamKConfig(96, 64, 5, 2), a_batched, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 2)):
         entry = sk.config_to_json(config)
         assert entry["kind"] == "WgmmaStreamKConfig" and sk.config_from_json(entry) == config
     del entry["config"]["streamk_waves"], entry["config"]["a_batches"]  # a table written before the fields: plain stream-K, one batch
