@@ -149,7 +149,7 @@ TMA_STREAMK_MAX_BLOCK_X = 64
 # warpgroup take only with the A registers in two batches per k tile (``WgmmaStreamKConfig.a_batches``:
 # at one batch ptxas serializes the wgmmas). 34816x5120, 6 stages (H200, 2026-12-03i, tuner twins,
 # results/h200_update_2026-12-03i_34816_a_batches.json): 0.95-0.98x the time at M = 24-64.
-PRODUCER_STREAMK_A_BATCHES = 2
+ONE_WARPGROUP_PRODUCER_A_BATCHES = 2
 # Blocks up to UNEVEN_SPLIT_TMA_MAX_BLOCK_X rows (the narrow ones it was measured on) as split-K by
 # TMA, at the deepest pipeline two CTAs per SM hold, over every split: a split need not divide the k tiles (``hopper.split_k_tiles``), so 5120x17408 (40 weight
 # tiles, 136 k tiles of 128) gets splits of 3 and 6 (120 and 240 CTAs of 45-46 and 22-23 k tiles)
@@ -192,6 +192,14 @@ STREAMK_WAVES = (1, 2)
 WHOLE_WAVES = (1, 2)  # whole tiles cut to fill one or two waves (hopper.whole_waves_block_x)
 SPLIT_PRODUCER_STAGES = maint.hopper.DEEP_K_STAGES
 SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
+# ... and on one consumer warpgroup with its A registers in two batches, two CTAs per SM of 6 stages
+# (the one-warpgroup stream-K's form, ONE_WARPGROUP_PRODUCER_A_BATCHES). Split 2 won M = 17-32 of
+# 16384x5120 and 14336x5120, where 128 and 112 weight tiles leave a CTA per SM or fewer (H200,
+# 2026-12-03k, tuner twins; results/h200_update_2026-12-03k_one_warpgroup_split_producer_m24.json
+# and _m32.json): M = 24 17.9 and 17.7 us against 18.5 and 18.3 for two warpgroups unsplit, M = 32
+# 18.7 and 18.2 against 18.8 and 18.5. It lost 5120x17408 and 5120x6144 M = 32 at every split
+# (23.5-32.4 us against 23.2, 12.3-14.6 against 11.2 for two warpgroups' split 3).
+ONE_WARPGROUP_SPLIT_PRODUCER_STAGES = 6
 # Every candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also on the block in
 # 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24, 40 at 33-40, 56
 # at 49-56. A wider wgmma N costs even where its rows are padding. On 34816x5120, the table's one-
@@ -344,6 +352,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for split in WGMMA_SPLITS:  # the deep one holds at most the split's k tiles
             stages = {SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES, max(SPLIT_PRODUCER_STAGES, min(deepest, k // hopper.DEEP_K // split))}
             out += [split_producer._replace(split_k=split, stages=st) for st in sorted(stages)]
+        one_warpgroup = split_producer._replace(warpgroups=1, stages=ONE_WARPGROUP_SPLIT_PRODUCER_STAGES, a_batches=ONE_WARPGROUP_PRODUCER_A_BATCHES)
+        out += [one_warpgroup._replace(split_k=split) for split in WGMMA_SPLITS]
     else:
         out = [tight]
         blocks = tuple(dict.fromkeys(b for b in (tight.block_x, *WGMMA_BLOCK_X) if b < 2 * m))
@@ -357,7 +367,7 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         if deepest >= WGMMA_DEEP_K_MIN_STAGES:
             deep = [streamk._replace(block_k=hopper.DEEP_K, stages=stages) for stages in (WGMMA_STREAMK.stages, deepest)]
             by_tma = [c._replace(tma_loads=True) for c in deep if bx <= TMA_STREAMK_MAX_BLOCK_X]
-            out += deep + by_tma + [c._replace(producer=True, a_batches=PRODUCER_STREAMK_A_BATCHES) for c in by_tma]
+            out += deep + by_tma + [c._replace(producer=True, a_batches=ONE_WARPGROUP_PRODUCER_A_BATCHES) for c in by_tma]
     if m > TWO_WARPGROUP_MIN_M:
         covers = (hopper.WGMMA_MAX_N, hopper.MAX_BLOCK_X)  # x blocks of one wgmma N, and wider
         for bx in dict.fromkeys(hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, max_block_x=most).block_x for most in covers):

@@ -338,7 +338,7 @@ def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
         both = {c for c in offered if not c.producer}
         assert winner in both and {c._replace(tma_loads=not c.tma_loads) for c in both} == both
         by_tma = {c for c in both if c.tma_loads}
-        assert offered - both == {c._replace(producer=True, a_batches=tune.PRODUCER_STREAMK_A_BATCHES) for c in by_tma}
+        assert offered - both == {c._replace(producer=True, a_batches=tune.ONE_WARPGROUP_PRODUCER_A_BATCHES) for c in by_tma}
     # wider one-warpgroup blocks hold fewer than WGMMA_DEEP_K_MIN_STAGES 128-deep stages: none offered
     assert all(c.block_x <= tune.TMA_STREAMK_MAX_BLOCK_X for m in (96, 256, 1024) for c in one_warpgroup_deep(m))
 
@@ -526,13 +526,17 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     K's k tiles (5120x6144: 48 of them) into no fewer than the stages, at an x block of 8 rows per
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
     rows. Up to it: SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES and the deepest pipeline that
-    the split's k tiles fill. (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
+    the split's k tiles fill; and on one consumer warpgroup with two A batches, 6 stages
+    (``ONE_WARPGROUP_SPLIT_PRODUCER_STAGES``). (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
+    one_warpgroup = {c for c in offered if c.warpgroups == 1 and not c.tickets}
+    assert {c for c in one_warpgroup if c.block_x == block_x} == ({wg.WgmmaConfig(block_x, 128, 6, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS} if small_m else set())
+    offered = [c for c in offered if c.warpgroups == 2 or c.tickets]
     split = {c for c in offered if not c.tickets}
     # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
-    marked = {c for c in split if c.split_plan.marked}
+    marked = {c for c in split | one_warpgroup if c.split_plan.marked}
     assert {c for c in offered if c.tickets} == {c._replace(tickets=True) for c in marked}
     if block_x is None:
         assert not split
@@ -1619,6 +1623,7 @@ PRODUCER_CASES = [
     (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 6, 2, True, 1, True, 0, 2)),  # 5 tiles x 18 k tiles: odd segments, a partial x block
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, True, 1, True, 0, 4)),  # four batches
     (32, 640, 2560, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, a_batches=2)),  # split-K, uneven: 7, 7, 6 k tiles
+    (21, 640, 2560, wg.WgmmaConfig(24, 128, 6, 2, True, 1, True, a_batches=2)),  # one warpgroup's split-K (the table's 16384x5120 M = 17-32 form)
     # streamk_waves: stream-K over the tiles left after whole waves, then the waves (H200 SM count)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
