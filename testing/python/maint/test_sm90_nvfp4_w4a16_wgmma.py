@@ -1621,8 +1621,8 @@ PRODUCER_CASES = [
     (37, 5120, 6144, wg.WgmmaConfig(40, 128, 5, 3, True, 2, True)),
     (40, 5120, 17408, sk.WgmmaStreamKConfig(40, 128, 8, 1, True, 2, True)),
     # a_batches: a k tile's wgmmas in two or four batches (the table's 34816x5120 M = 17-64 form)
-    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2)),  # 1360 k tiles over 264 CTAs: 5-6 per piece
-    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 6, 2, True, 1, True, 0, 2)),  # 5 tiles x 18 k tiles: odd segments, a partial x block
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, True, 0, 2)),  # 272 tiles x 40 k tiles over 264 CTAs: a tile and a piece each
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 6, 2, True, 1, True, 0, 2)),  # 5 tiles x 18 k tiles over 90 CTAs: one-tile segments, a partial x block
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, True, 1, True, 0, 4)),  # four batches
     (32, 640, 2560, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, a_batches=2)),  # split-K, uneven: 7, 7, 6 k tiles
     (21, 640, 2560, wg.WgmmaConfig(24, 128, 6, 2, True, 1, True, a_batches=2)),  # one warpgroup's split-K (the table's 16384x5120 M = 17-32 form)
