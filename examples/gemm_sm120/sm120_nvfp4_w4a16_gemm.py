@@ -348,26 +348,49 @@ __device__ __forceinline__ unsigned nvfp4_mul_bf16x2_{half}(unsigned a, unsigned
 """
 
 
-def dequant_function(name: str, words: int) -> str:
+def _scale_pair(scale_word: str, odd: str) -> str:
+    """The CUDA expression of word j's scale pair from its scale word (``odd``: j % 2)."""
+    return f"__byte_perm({scale_word}, 0, 0x{SCALE_PAIR_PICK:04X}u + ({odd}) * 0x101u) * 16u + 0x{SCALE_BIAS_WORD:08X}u"
+
+
+def dequant_function(name: str, words: int, pairs: bool = False) -> str:
     """The dequant of ``words`` consecutive words of a lane's block slice (4: the whole slice; 2: the
-    half for n = 8j + g with j in {2p, 2p + 1}, given pointers advanced by p words and p scale words)."""
+    half for n = 8j + g with j in {2p, 2p + 1}, given pointers advanced by p words and p scale words).
+    ``pairs``: the second pointer holds the words' scale pairs, made beforehand (``SCALE_PAIRS_SOURCE``),
+    one per word, instead of their scale words."""
     code_type, scale_type = {4: ("uint4", "uint2"), 2: ("uint2", "unsigned")}[words]
     code_fields = ", ".join(f"w.{c}" for c in "xyzw"[:words])
     scale_fields = "s.x, s.y" if words == 4 else "s"
+    if pairs:
+        scales = f"""  const {code_type} s = *reinterpret_cast<const {code_type}*>(scales);
+  const unsigned pairs[{words}] = {{{code_fields.replace("w.", "s.")}}};"""
+        pair = "pairs[j]"
+    else:
+        scales = f"""  const {scale_type} s = *reinterpret_cast<const {scale_type}*>(scales);
+  const unsigned scale_words[{words // 2}] = {{{scale_fields}}};"""
+        pair = _scale_pair("scale_words[j / 2]", "j & 1")
     return f"""
 __device__ __forceinline__ void {name}(const void* codes, const void* scales, void* frag) {{
   const {code_type} w = *reinterpret_cast<const {code_type}*>(codes);
-  const {scale_type} s = *reinterpret_cast<const {scale_type}*>(scales);
+{scales}
   unsigned* b = reinterpret_cast<unsigned*>(frag);
   const unsigned words[{words}] = {{{code_fields}}};
-  const unsigned scale_words[{words // 2}] = {{{scale_fields}}};
 #pragma unroll
   for (int j = 0; j < {words}; ++j) {{
-    const unsigned scale_word = scale_words[j / 2];
-    const unsigned pair = __byte_perm(scale_word, 0, 0x{SCALE_PAIR_PICK:04X}u + (j & 1) * 0x101u) * 16u + 0x{SCALE_BIAS_WORD:08X}u;
+    const unsigned pair = {pair};
     const unsigned x = words[j];
 {_REGISTER_LINES}
   }}
+}}
+"""
+
+
+# The two scale pairs of one scale word (its words j = 2p and 2p + 1), for kernels that make them
+# once per stage instead of once per lane (four lanes share a scale word).
+SCALE_PAIRS_SOURCE = f"""
+__device__ __forceinline__ void nvfp4_scale_pairs(const void* scale_word, void* pairs) {{
+  const unsigned s = *reinterpret_cast<const unsigned*>(scale_word);
+  *reinterpret_cast<uint2*>(pairs) = make_uint2({_scale_pair("s", "0")}, {_scale_pair("s", "1")});
 }}
 """
 

@@ -90,6 +90,7 @@ class WgmmaStreamKConfig(NamedTuple):
     producer: bool = False
     streamk_waves: int = 0
     a_batches: int = 1
+    scale_pairs: bool = False
 
     SHARED_BYTES_PER_CTA = hopper.SM90_SMEM_PER_CTA
     FIELD_MINIMUMS = {"streamk_waves": 0}  # 0: plain stream-K
@@ -99,8 +100,9 @@ class WgmmaStreamKConfig(NamedTuple):
     def segment_config(self) -> hopper.WgmmaConfig:
         """The wgmma kernel config whose pipeline each segment runs (split-K does not apply)."""
         return hopper.WgmmaConfig(
-            self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer, a_batches=self.a_batches
-        )
+            self.block_x, self.block_k, self.stages, 1, self.tma_loads, self.warpgroups, self.producer,
+            a_batches=self.a_batches, scale_pairs=self.scale_pairs,
+        )  # fmt: skip
 
     def kernel_shape(self) -> example.KernelShape:
         return self.segment_config().kernel_shape()
@@ -398,8 +400,9 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     k_tiles = k // config.block_k
     tiles_n = n // hopper.CTA_ROWS
     pipe = hopper.wgmma_pipeline(
-        bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm, a_batches=config.a_batches
-    )
+        bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm,
+        a_batches=config.a_batches, scale_pairs=config.scale_pairs,
+    )  # fmt: skip
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
     M = T.dynamic("m")
@@ -555,7 +558,7 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
         hopper.check_wgmma_config(config.segment_config(), n, k, ctas_per_sm=config.ctas_per_sm)
     except ValueError as e:
         raise ValueError(f"config {config}: {e}") from None
-    per_cta = config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM
+    per_cta = hopper.shared_bytes(config) + hopper.CTA_RESERVED_SMEM
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
     if config.block_x > WGMMA_STREAMK_MAX_BLOCK_X:

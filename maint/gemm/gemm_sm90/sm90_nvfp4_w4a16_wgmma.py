@@ -203,6 +203,7 @@ class WgmmaConfig(NamedTuple):
     producer: bool = False
     tickets: bool = False
     a_batches: int = 1
+    scale_pairs: bool = False
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
     UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
@@ -228,6 +229,13 @@ class WgmmaConfig(NamedTuple):
         return example.KernelShape(
             self.block_x, CTA_ROWS, self.block_k, self.warpgroups, CTA_ROWS // example.FRAG_N, self.stages, self.split_k
         )
+
+
+def shared_bytes(config) -> int:
+    """A CTA's shared memory for the stages: the example's count, plus with ``scale_pairs`` the pairs
+    (two 4-byte pairs per scale word: twice the scale bytes)."""
+    pairs = 2 * config.stages * CTA_ROWS * config.block_k // example.SCALE_BLOCK if config.scale_pairs else 0
+    return config.kernel_shape().shared_bytes() + pairs
 
 
 def operand_sizes(block_x: int, block_k: int, warpgroups: int, a_batches: int = 1) -> tuple:
@@ -889,6 +897,10 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: stages must be at least {MIN_STAGES}")
     if config.producer and not config.tma_loads:
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
+    if config.scale_pairs and not config.producer:
+        raise ValueError(f"config {config}: the scale pairs are the producer warpgroup's to make (producer=True)")
+    if shared_bytes(config) > SM90_SMEM_PER_CTA:
+        raise ValueError(f"config {config}: {shared_bytes(config)} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
     if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
         raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
     if config.a_batches < 1 or config.block_k // example.FRAG_K % config.a_batches:
@@ -915,6 +927,7 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
 
 
 CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
+PAIR_LAG = 2  # k tiles between the producer's load of a stage and its making of the stage's scale pairs
 
 
 def consumer_sync(consumer_threads: int, threads: int):
@@ -972,6 +985,7 @@ def wgmma_pipeline(
     ctas_per_sm: int = 1,
     producer_registers: int = PRODUCER_REGISTERS,
     a_batches: int = 1,
+    scale_pairs: bool = False,
 ) -> WgmmaPipeline:
     """The pipeline, as TileLang macros (with a ``producer``, for ``producer_ctas_per_sm(warpgroups,
     ctas_per_sm)`` CTAs per SM; ``a_batches`` wgmma batches per k tile).
@@ -1048,6 +1062,12 @@ def wgmma_pipeline(
     device_source = example.DEVICE_SOURCE
     if wgs == 2:
         device_source += example.dequant_function("nvfp4_dequant_half_block", 2)
+    dequant = "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block"
+    if scale_pairs:  # the producer makes each stage's scale pairs; the consumers read them
+        dequant += "_pairs"
+        device_source += example.dequant_function(dequant, 4 // wgs, pairs=True) + example.SCALE_PAIRS_SOURCE
+    scale_words = example.SCALE_WORDS_PER_BLOCK
+    pair_planes = 2  # a (block, k32) row's 2 * scale_words pairs, as two rows of scale_words words
 
     def block_copier(words_per_block: int):
         """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
@@ -1118,6 +1138,8 @@ def wgmma_pipeline(
         else:
             T.ptx_wait_group(stages - 3)  # this thread's copies of tile t have landed
             T.fence_proxy_async()  # ... and are visible to the wgmma (async proxy) reads
+        if scale_pairs:
+            T.mbarrier_wait_parity(full[stages + stage], full_parity(base + t, stages))  # ... and its scale pairs are made
         if not producer:
             T.sync_threads()  # everyone's loads landed; everyone finished tile t - 2's dequant and wgmma
         if not tma_loads:
@@ -1132,13 +1154,18 @@ def wgmma_pipeline(
         for b in T.unroll(a_batches):
             buf = (half * a_batches + b) % 2  # the A half this batch fills; the other is in flight
             for kb in T.unroll(b * kbs_per_batch, (b + 1) * kbs_per_batch):
+                if scale_pairs:  # lane group g's pairs: words 4g + 2 part .. of the block row's pairs
+                    pair = lane // 4 * 4 + part * 2
+                    scale_at = scale_tiles[stages + pair_planes * stage + pair // scale_words, block, kb, pair % scale_words]
+                else:
+                    scale_at = scale_tiles[stage, block, kb, lane // 4 * 2 + part]
                 T.call_extern(
                     "handle",
-                    "nvfp4_dequant_block" if wgs == 1 else "nvfp4_dequant_half_block",
+                    dequant,
                     # Read-only pointers: an address_of here would count as a shared-memory write for
                     # TileLang's proxy analysis, which would then fence before the next TMA and wgmma.
                     T.access_ptr(code_tiles[stage, block, kb, lane * 4 + part * 2], "r", extent=4 // wgs),
-                    T.access_ptr(scale_tiles[stage, block, kb, lane // 4 * 2 + part], "r", extent=2 // wgs),
+                    T.access_ptr(scale_at, "r", extent=(4 if scale_pairs else 2) // wgs),
                     T.address_of(b_regs[0]),
                 )
                 # A register (h, rowhalf) of (k16 step s, m64 atom p) is B register 4(2p + rowhalf) + 2s + h
@@ -1179,11 +1206,14 @@ def wgmma_pipeline(
             T.annotate_min_blocks_per_sm(ctas_per_sm)
         x_tiles = T.alloc_shared((stages * panels, bx, SWIZZLE_K), T.bfloat16)
         code_tiles = T.alloc_shared((stages, blocks, kbs, example.WORDS_PER_BLOCK), T.int32)
-        scale_tiles = T.alloc_shared((stages, blocks, kbs, example.SCALE_WORDS_PER_BLOCK), T.int32)
+        # With scale pairs: the loaded scale words in stages 0 .., their pairs in pair_planes rows each after.
+        scale_tiles = T.alloc_shared(((1 + pair_planes * scale_pairs) * stages, blocks, kbs, scale_words), T.int32)
         full = empty = None
         if tma_loads:
-            # One arrival (the issuing thread; with a producer, its whole warpgroup) plus the TMA bytes.
-            full = T.alloc_barrier([WARPGROUP_THREADS if producer else 1] * stages)
+            # One arrival (the issuing thread; with a producer, its whole warpgroup) plus the TMA bytes;
+            # with scale pairs, a second barrier per stage (``full[stages + stage]``) that the producer's
+            # threads pass once they made the stage's pairs.
+            full = T.alloc_barrier([WARPGROUP_THREADS if producer else 1] * stages + [WARPGROUP_THREADS] * (stages * scale_pairs))
             T.annotate_layout({x_tiles: make_full_bank_swizzled_layout(x_tiles)})  # TMA's 128-byte swizzle
         if producer:
             empty = T.alloc_barrier([consumer_threads] * stages)  # every consumer thread releases
@@ -1223,11 +1253,40 @@ def wgmma_pipeline(
         if not tma_loads:
             T.ptx_wait_group(0)
 
+    pair_words = blocks * kbs * scale_words  # scale words per stage, two pairs each
+
+    @T.macro
+    def make_pairs(scale_tiles, full, u, base, tx):
+        """The producer's threads turn k tile ``u``'s scale words into pairs, once it has landed."""
+        stage = (base + u) % stages
+        T.mbarrier_wait_parity(full[stage], full_parity(base + u, stages))
+        for i in T.unroll(T.ceildiv(pair_words, WARPGROUP_THREADS)):
+            w = i * WARPGROUP_THREADS + tx - consumer_threads
+            if w < pair_words:
+                block, kb, word = w // (kbs * scale_words), w // scale_words % kbs, w % scale_words
+                T.call_extern(
+                    "handle",
+                    "nvfp4_scale_pairs",
+                    T.access_ptr(scale_tiles[stage, block, kb, word], "r", extent=1),
+                    T.access_ptr(scale_tiles[stages + pair_planes * stage + 2 * word // scale_words, block, kb, 2 * word % scale_words], "w", extent=2),
+                )
+        T.mbarrier_arrive(full[stages + stage])
+
     @T.macro
     def produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, m, tx):
-        for t in T.serial(count):
-            T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
-            load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
+        # With scale pairs, tile u's pairs follow the load of tile u + PAIR_LAG: by then tile u has
+        # mostly landed, and the loads still run ahead.
+        if scale_pairs:
+            for t in T.serial(count + PAIR_LAG):
+                if t < count:
+                    T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
+                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
+                if t >= PAIR_LAG:
+                    make_pairs(scale_tiles, full, t - PAIR_LAG, base, tx)
+        else:
+            for t in T.serial(count):
+                T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
+                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
 
     @T.macro
     def consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
@@ -1312,7 +1371,7 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
     pipe = wgmma_pipeline(
         bx, stages, config.tma_loads, config.warpgroups, bk, config.producer,
-        producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches,
+        producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches, scale_pairs=config.scale_pairs,
     )  # fmt: skip
     threads, x_row = pipe.threads, pipe.x_row
     exchange = example.split_k_exchange(config.split_plan, pipe.consumer_threads, pipe.sync_consumers)

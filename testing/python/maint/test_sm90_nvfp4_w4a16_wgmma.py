@@ -182,6 +182,7 @@ def test_compiles_for_sm90a(config):
         (34816, 5120, sk.WgmmaStreamKConfig(32, 128, 6, 2, True, 1, False, 0, 2)),  # a_batches
         (34816, 5120, sk.WgmmaStreamKConfig(64, 128, 4, 2, True, 1, False, 0, 4)),
         (5120, 6144, wg.WgmmaConfig(96, 128, 3, split_k=2, a_batches=2)),
+        (34816, 5120, sk.WgmmaStreamKConfig(32, 128, 5, 2, True, 1, True, 0, 2, True)),  # scale pairs
     ],
 )
 def test_wgmma_stays_in_flight_across_the_next_dequant(n, k, config):
@@ -647,6 +648,7 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(32, 128, 5, a_batches=3),  # batches divide a k tile's four k32 blocks
         wg.WgmmaConfig(32, 64, 5, a_batches=4),  # ... or two
         wg.WgmmaConfig(32, 128, 5, a_batches=0),
+        wg.WgmmaConfig(32, 128, 5, tma_loads=True, scale_pairs=True),  # the producer makes the pairs
     ],
 )
 def test_bad_configs(config):
@@ -1624,7 +1626,11 @@ PRODUCER_CASES = [
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, True, 1, True, 0, 4)),  # four batches
     (32, 640, 2560, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, a_batches=2)),  # split-K, uneven: 7, 7, 6 k tiles
     (21, 640, 2560, wg.WgmmaConfig(24, 128, 6, 2, True, 1, True, a_batches=2)),  # one warpgroup's split-K (the table's 16384x5120 M = 17-32 form)
-    # streamk_waves: stream-K over the tiles left after whole waves, then the waves (H200 SM count)
+    # scale_pairs: the producer makes each stage's scale pairs, PAIR_LAG k tiles after its loads
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 5, 2, True, 1, True, 0, 2, True)),
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 2, True, 1, True, 0, 2, True)),  # odd segments of 1-2 k tiles: the lag past a segment's end
+    (21, 640, 2560, wg.WgmmaConfig(24, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
+    (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, scale_pairs=True)),  # two consumer warpgroups: half blocks of pairs
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
     (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
