@@ -200,6 +200,18 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # 18.7 and 18.2 against 18.8 and 18.5. It lost 5120x17408 and 5120x6144 M = 32 at every split
 # (23.5-32.4 us against 23.2, 12.3-14.6 against 11.2 for two warpgroups' split 3).
 ONE_WARPGROUP_SPLIT_PRODUCER_STAGES = 6
+# Both one-warpgroup producer forms above also with the producer making the scale pairs
+# (``scale_pairs``), at the deepest pipeline whose pairs still fit two CTAs per SM and one stage
+# shallower, and at those depths without pairs (``scale_pair_twins``). H200, 2026-12-03 (fifty-ninth
+# session, tuner twins at 4 and 5 stages; results/h200_update_2026-12-03l_*_scale_pairs.json), final
+# times, us: pairs at 5 stages won 34816x5120 M = 24 (34.49 against 35.05 for the table's 6 stages
+# without) and 40 (37.55 against 37.79 without), 16384x5120 M = 24 and 32 (17.62 and 18.35 against
+# 17.89 and 18.47) and 14336x5120 M = 24 (17.43 against 17.65); 5 stages without pairs won
+# 34816x5120 M = 32 (35.54 against 36.44 for 6). 24-row blocks were timed with pairs at 5 stages
+# only, where 6 fit. On two consumer warpgroups the pairs lost (5120x17408 M = 32: 25.07 against
+# 22.68 for the table's 8 stages without), so they are not offered there.
+SCALE_PAIR_DEPTHS = 2
+SCALE_PAIR_MIN_STAGES = 4  # the fewest timed: with pairs the producer makes a stage's pairs 2 k tiles after its load
 # Every candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also on the block in
 # 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24, 40 at 33-40, 56
 # at 49-56. A wider wgmma N costs even where its rows are padding. On 34816x5120, the table's one-
@@ -395,7 +407,21 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     narrow = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, row_step=hopper.X_BLOCK_STEP).block_x
     if WGMMA_MIN_BLOCK_X < m <= NARROW_TWINS_MAX_M and narrow < tight.block_x:  # see NARROW_TWINS_MAX_M
         out += [c._replace(block_x=narrow) for c in out if c.block_x == tight.block_x]
-    return out + streamk_waves_twins(out, m, n, k, sm_count)
+    return out + scale_pair_twins([c for c in out if fits(c, n, k, "sm_90")]) + streamk_waves_twins(out, m, n, k, sm_count)
+
+
+def scale_pair_twins(configs: list) -> list:
+    """The twins of the one-warpgroup producer configs among ``configs`` (two CTAs per SM) with the
+    producer's scale pairs, at the deepest pipeline that fits them and one stage shallower, and at
+    those depths without pairs where they are shallower than the config's (see SCALE_PAIR_DEPTHS)."""
+    out = []
+    for c in configs:
+        if not (isinstance(c, (maint.hopper.WgmmaConfig, maint.WgmmaStreamKConfig)) and c.warpgroups == 1 and c.producer):
+            continue
+        deepest = min(c.stages, maint.hopper.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
+        for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, SCALE_PAIR_MIN_STAGES - 1), -1):
+            out += [c._replace(stages=stages, scale_pairs=True)] + ([c._replace(stages=stages)] if stages < c.stages else [])
+    return out
 
 
 def ticket_twins(configs: list) -> list:

@@ -332,12 +332,12 @@ def tma_loads_for(block_x: int) -> bool:
 LONE_CTA_TMA_STAGES = 6
 
 
-def deepest_stages(block_x: int, ctas_per_sm: int = 2, block_k: int = SWIZZLE_K) -> int:
-    """The most stages with which ``ctas_per_sm`` CTAs of this x block still share an SM. The loads
-    run ``stages - 2`` k tiles ahead, so this is the most bytes in flight without losing the second
-    CTA, whose dequant overlaps the first one's wgmma (6 stages of 128 rows keep one: 356 us against
-    271 at 16384x5120 M = 1024)."""
-    per_stage = WgmmaConfig(block_x, block_k, 1).kernel_shape().shared_bytes()
+def deepest_stages(block_x: int, ctas_per_sm: int = 2, block_k: int = SWIZZLE_K, scale_pairs: bool = False) -> int:
+    """The most stages with which ``ctas_per_sm`` CTAs of this x block (with ``scale_pairs``, their
+    pairs too) still share an SM. The loads run ``stages - 2`` k tiles ahead, so this is the most
+    bytes in flight without losing the second CTA, whose dequant overlaps the first one's wgmma
+    (6 stages of 128 rows keep one: 356 us against 271 at 16384x5120 M = 1024)."""
+    per_stage = shared_bytes(WgmmaConfig(block_x, block_k, 1, scale_pairs=scale_pairs))
     return (SM90_SMEM_PER_SM // ctas_per_sm - CTA_RESERVED_SMEM) // per_stage
 
 

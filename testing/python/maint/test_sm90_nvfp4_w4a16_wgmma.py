@@ -307,7 +307,8 @@ def test_tuner_offers_two_warpgroups_at_both_k_depths_above_16_rows():
 def test_tuner_offers_x_blocks_in_eight_row_steps(m, narrow, tight):
     """Between the tight x block's 16-row steps (``wg.TIGHT_ROW_STEP``) every candidate on it, of
     one or two warpgroups, comes also on the block in 8-row steps; where the tight block is already
-    the narrowest (M = 32) nothing is added."""
+    the narrowest (M = 32) nothing is added. (The scale-pair twins take each block's own depths:
+    ``test_tuner_offers_scale_pair_twins``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     def wgmma(m):
@@ -315,7 +316,7 @@ def test_tuner_offers_x_blocks_in_eight_row_steps(m, narrow, tight):
 
     assert wg.tight_wgmma_config(m, 34816, 5120).block_x == tight
     assert wg.tight_wgmma_config(m, 34816, 5120, row_step=wg.X_BLOCK_STEP).block_x == narrow
-    on_tight = {c for c in wgmma(m) if c.block_x == tight}
+    on_tight = {c for c in wgmma(m) if c.block_x == tight} - set(tune.scale_pair_twins(wgmma(m)))
     assert {c.warpgroups for c in on_tight} == {1, 2} and {c._replace(block_x=narrow) for c in on_tight} <= wgmma(m)
     assert sk.WgmmaStreamKConfig(narrow, 128, wg.deepest_stages(tight, 2, 128), 2, True) in wgmma(m)  # the table's kind, tight's stages
     assert not any(c.block_x == 24 for c in wgmma(32))
@@ -339,7 +340,8 @@ def test_tuner_offers_narrow_one_warpgroup_streamk_with_both_loaders():
         both = {c for c in offered if not c.producer}
         assert winner in both and {c._replace(tma_loads=not c.tma_loads) for c in both} == both
         by_tma = {c for c in both if c.tma_loads}
-        assert offered - both == {c._replace(producer=True, a_batches=tune.ONE_WARPGROUP_PRODUCER_A_BATCHES) for c in by_tma}
+        producers = {c._replace(producer=True, a_batches=tune.ONE_WARPGROUP_PRODUCER_A_BATCHES) for c in by_tma}
+        assert producers <= offered - both and offered - both - producers <= set(tune.scale_pair_twins(producers))
     # wider one-warpgroup blocks hold fewer than WGMMA_DEEP_K_MIN_STAGES 128-deep stages: none offered
     assert all(c.block_x <= tune.TMA_STREAMK_MAX_BLOCK_X for m in (96, 256, 1024) for c in one_warpgroup_deep(m))
 
@@ -533,7 +535,8 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
 
     offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
     one_warpgroup = {c for c in offered if c.warpgroups == 1 and not c.tickets}
-    assert {c for c in one_warpgroup if c.block_x == block_x} == ({wg.WgmmaConfig(block_x, 128, 6, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS} if small_m else set())
+    pair_twins = set(tune.scale_pair_twins(one_warpgroup))  # test_tuner_offers_scale_pair_twins
+    assert {c for c in one_warpgroup - pair_twins if c.block_x == block_x} == ({wg.WgmmaConfig(block_x, 128, 6, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS} if small_m else set())
     offered = [c for c in offered if c.warpgroups == 2 or c.tickets]
     split = {c for c in offered if not c.tickets}
     # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
@@ -553,6 +556,40 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     assert split == expected
     if small_m:  # 17 stages at 16 rows: split 3 gets one stage per k tile, 16
         assert wg.WgmmaConfig(block_x, 128, min(deepest, 16), 3, True, 2, True) in split and min(deepest, 16) > tune.SPLIT_PRODUCER_STAGES
+
+
+def test_tuner_offers_scale_pair_twins():
+    """Every one-warpgroup producer candidate (stream-K and split-K, two CTAs per SM) comes also with
+    the producer's scale pairs at the deepest pipeline whose pairs fit and one stage shallower, never
+    under SCALE_PAIR_MIN_STAGES, and at those depths without pairs; two-warpgroup configs never take
+    pairs. The H200 table's entries of 2026-12-03l are among the candidates of their M."""
+    import tune_sm120_nvfp4_w4a16_gemm as tune
+
+    SK = sk.WgmmaStreamKConfig
+    for m in (17, 24, 32, 40, 48, 64):
+        offered = [c for c in tune.candidates(m, 34816, 5120, "sm_90") if isinstance(c, (wg.WgmmaConfig, SK))]
+        assert not any(c.scale_pairs and (c.warpgroups != 1 or not c.producer) for c in offered)
+        twins = set(tune.scale_pair_twins(offered))
+        for c in (c for c in offered if c.warpgroups == 1 and c.producer and c not in twins):
+            deepest = min(c.stages, wg.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
+            depths = [s for s in (deepest, deepest - 1) if s >= tune.SCALE_PAIR_MIN_STAGES]
+            assert depths and all(c._replace(stages=s, scale_pairs=True) in offered for s in depths)
+            assert all(c._replace(stages=s) in offered for s in depths)
+            if deepest < c.stages:  # the pairs cut the pipeline: a stage more would not fit two CTAs per SM
+                deeper = c._replace(stages=deepest + 1, scale_pairs=True)
+                assert 2 * (wg.shared_bytes(deeper) + wg.CTA_RESERVED_SMEM) > wg.SM90_SMEM_PER_SM
+    # 32 rows: 6 stages without pairs, 5 with (two CTAs of 116736 + 1024 bytes overflow 228 KB)
+    assert wg.deepest_stages(32, 2, 128) == 6 and wg.deepest_stages(32, 2, 128, scale_pairs=True) == 5
+    table = (
+        (24, 34816, SK(24, 128, 5, 2, True, 1, True, 0, 2, True)),
+        (32, 34816, SK(32, 128, 5, 2, True, 1, True, 0, 2)),
+        (40, 34816, SK(40, 128, 5, 2, True, 1, True, 0, 2, True)),
+        (24, 16384, wg.WgmmaConfig(24, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
+        (32, 16384, wg.WgmmaConfig(32, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
+        (24, 14336, wg.WgmmaConfig(24, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
+    )
+    for m, n, config in table:
+        assert config in tune.candidates(m, n, 5120, "sm_90")
 
 
 def test_tuner_offers_uneven_splits_by_tma_on_narrow_blocks():
