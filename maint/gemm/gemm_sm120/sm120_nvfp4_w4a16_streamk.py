@@ -734,7 +734,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     """Without a tuned entry: on sm_90 the skinny kernel up to two n8 tiles of rows where the shape
     divides into one (``skinny.heuristic_config``; fitted to the tuner's timings of the tuned
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
-    else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
+    then up to 32 rows one warpgroup's split-K at two CTAs per SM where 2-3 splits fill them
+    (``hopper.two_cta_split_wave_config``), else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
     hopper.SPLIT_WAVE_FIRST_MAX_M rows, and past them where those blocks are under
     hopper.ONE_WAVE_FIRST_MIN_BLOCK_X rows, of split tiles first: ``hopper.split_wave_config``; over
     two x blocks where one block's splits are as short as that rule allows:
@@ -753,6 +754,9 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     few_rows = skinny.heuristic_config(m, n, k, sm_count=sm_count)
     if few_rows is not None:
         return few_rows
+    two_ctas = hopper.two_cta_split_wave_config(m, n, k, sm_count=sm_count)
+    if two_ctas is not None:
+        return two_ctas
     one_wave = hopper.one_wave_config(m, n, k, sm_count=sm_count)
     narrow_whole_blocks = one_wave is None or one_wave.block_x < hopper.ONE_WAVE_FIRST_MIN_BLOCK_X
     split_wave_first = (m <= hopper.SPLIT_WAVE_FIRST_MAX_M or narrow_whole_blocks) and hopper.split_wave_config(m, n, k, sm_count=sm_count) is not None

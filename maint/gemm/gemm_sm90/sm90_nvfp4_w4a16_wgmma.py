@@ -818,6 +818,38 @@ def narrow_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> 
     return one_wave_split_config(m, n, k, -(-m // NARROW_BLOCK_X), NARROW_SPLIT_MIN_K_TILES * DEEP_K, sm_count)
 
 
+# The two-CTA split wave. At M = HEURISTIC_MIN_M-TWO_CTA_SPLIT_WAVE_MAX_M, where the weight tiles
+# fill two CTAs per SM once split 2 or 3 ways (TWO_CTA_SPLIT_WAVE_MAX_SPLIT): one consumer
+# warpgroup with a producer that makes the scale pairs, its A registers in two batches, 128-deep
+# k tiles by TMA, TWO_CTA_SPLIT_WAVE_STAGES stages, the x block in 8-row steps, split to fill the
+# 2 * SMs slots. That is the tuned table's form at M = 17-32 of 16384x5120 (128 tiles, split 2) and
+# 14336x5120 (112 tiles, split 2). Raced on the four untuned shapes at M = 24 and 32 against the
+# split-wave rule's two warpgroups (H200, 2026-12-03l, results/h200_ab_2026-12-03l_heuristic_one_
+# warpgroup_split.json, 5 rounds, every config checked against the FP32 reference first): 11008x4096
+# (86 tiles, split 3: 258 CTAs) 12.95 us against 15.01 at M = 24 and 13.70 against 15.36 at 32; the
+# other splits there 0.98-1.23x. On fewer tiles every split lost: 6144x4096 (48 tiles, splits 2-4)
+# 1.07-1.22x, 4096x4096 and 4096x11008 (32 tiles, splits 2-4) 1.09-1.65x, as 5120x17408 and
+# 5120x6144 (40 tiles) in the tuner's twins at every split up to 6 (2026-12-03k). Splits of 4 and
+# more were never won, so the rule stops at 3 (67 to 132 tiles on 132 SMs).
+TWO_CTA_SPLIT_WAVE_MAX_M = 32
+TWO_CTA_SPLIT_WAVE_MAX_SPLIT = 3
+TWO_CTA_SPLIT_WAVE_STAGES = 5  # the deepest pipeline whose scale pairs fit two CTAs of 32 rows
+
+
+def two_cta_split_wave_config(m: int, n: int, k: int, *, sm_count: int = 132) -> Optional[WgmmaConfig]:
+    """The two-CTA split wave above, or None (M outside its rows, K not in whole 128-deep tiles, the
+    tiles past two per SM or needing a split over its limit, or a split's k tiles under its stages)."""
+    tiles = n // CTA_ROWS
+    split = 2 * sm_count // tiles
+    if not HEURISTIC_MIN_M <= m <= TWO_CTA_SPLIT_WAVE_MAX_M or k % DEEP_K or not 2 <= split <= TWO_CTA_SPLIT_WAVE_MAX_SPLIT:
+        return None
+    if k // DEEP_K // split < TWO_CTA_SPLIT_WAVE_STAGES:
+        return None
+    return WgmmaConfig(
+        x_block_rows(m, 1), DEEP_K, TWO_CTA_SPLIT_WAVE_STAGES, split, True, 1, True, a_batches=2, scale_pairs=True
+    )
+
+
 # The two-block split wave. Where the split wave runs one x block (M <= SPLIT_WAVE_MAX_BLOCK_X) whose
 # splits stop at SPLIT_WAVE_MIN_SPLIT_K of K (eight 128-deep k tiles a CTA: the pipeline's fill and
 # the split-K exchange of all M rows weigh heavily against so short a k loop), the same

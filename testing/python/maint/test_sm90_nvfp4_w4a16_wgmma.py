@@ -94,6 +94,15 @@ def without_two_block_streamk():
 
 
 @pytest.fixture
+def without_two_cta_split_wave():
+    """The dispatch without the two-CTA split wave at M = 17-32 (``wg.two_cta_split_wave_config``),
+    which comes first and takes over cells that the tests using this check against timings committed
+    before it."""
+    with dispatch_without(wg, "two_cta_split_wave_config"):
+        yield
+
+
+@pytest.fixture
 def without_two_block_split_wave():
     """The dispatch without the two-block split wave under 177 rows (``wg.two_block_split_wave_config``),
     which takes over cells of the split wave that the tests using this check against timings
@@ -923,6 +932,46 @@ SPLIT_WAVE_SPLITS = {
 }
 
 
+def test_heuristic_two_cta_split_wave():
+    """At M = 17-32, where 67-132 weight tiles fill two CTAs per SM split 2 or 3 ways: one consumer
+    warpgroup, a producer with the scale pairs, two A batches, 128-deep k tiles by TMA, 5 stages,
+    the x block in 8-row steps; the dispatch runs it ahead of the split wave. Not on fewer tiles
+    (a split of 4 or more), more tiles than SMs, K in 64-deep tiles, under 5 k tiles a split, or
+    outside those M."""
+    for (n, k), split in ((11008, 4096), 3), ((16384, 5120), 2), ((14336, 5120), 2), ((8576, 4096), 3):
+        for m in range(wg.HEURISTIC_MIN_M, wg.TWO_CTA_SPLIT_WAVE_MAX_M + 1):
+            expected = wg.WgmmaConfig(8 * -(-m // 8), 128, 5, split, True, 1, True, a_batches=2, scale_pairs=True)
+            assert wg.two_cta_split_wave_config(m, n, k) == expected and h200_dispatch(m, n, k) == expected, (m, n, k)
+            sk.check_any_config(expected, n, k, "sm_90")
+            assert 2 * 132 - n // wg.CTA_ROWS < n // wg.CTA_ROWS * split <= 2 * 132  # another split would not fit
+        assert wg.two_cta_split_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
+        assert wg.two_cta_split_wave_config(wg.TWO_CTA_SPLIT_WAVE_MAX_M + 1, n, k) is None
+        assert h200_dispatch(wg.TWO_CTA_SPLIT_WAVE_MAX_M + 1, n, k).warpgroups == 2
+    for n, k in ((8448, 4096), (6144, 4096), (4096, 4096), (4096, 11008), (5120, 17408), (34816, 5120), (17024, 5120), (11008, 4160), (11008, 1152)):
+        assert all(wg.two_cta_split_wave_config(m, n, k) is None for m in (17, 24, 32)), (n, k)
+
+
+def test_heuristic_two_cta_split_wave_against_the_committed_h200_race():
+    """The H200 race committed under results/ (the untuned shapes at M = 24 and 32, 5 rounds, every
+    config checked against the FP32 reference): where the rule applies (11008x4096, 86 tiles) its
+    config was the fastest raced, 0.84-0.90x the split wave's time before it; on the three shapes of
+    32-48 tiles, which it leaves to the split wave, every one-warpgroup split lost to the split wave."""
+    cells = {}
+    for row in committed_race_rows("h200_ab_2026-12-03l_heuristic_one_warpgroup_split.json"):
+        cells.setdefault((row["n"], row["k"], row["m"]), {})[row["name"]] = (sk.config_from_json(row), row["best"])
+    assert len(cells) == 8
+    for (n, k, m), times in cells.items():
+        before, before_us = times["heuristic"]
+        rule = wg.two_cta_split_wave_config(m, n, k)
+        fastest = min(us for _, us in times.values())
+        if n == 11008:
+            (rule_us,) = [us for c, us in times.values() if c == rule]
+            assert rule_us == fastest and 0.84 < rule_us / before_us < 0.90, (n, k, m)
+        else:
+            assert rule is None and h200_dispatch(m, n, k) == before
+            assert all(us > before_us for name, (_, us) in times.items() if name.startswith("one_warpgroup_split")), (n, k, m)
+
+
 def test_heuristic_split_wave(without_two_block_split_wave):
     """At M = 17-176, where the weight tiles number no more than the SMs and K is whole 128-deep
     tiles: two consumer warpgroups and a producer, TMA, 128-deep k tiles, the x block in 8-row steps,
@@ -944,7 +993,8 @@ def test_heuristic_split_wave(without_two_block_split_wave):
             one_wave = wg.one_wave_config(m, n, k)
             whole_blocks_first = m > wg.SPLIT_WAVE_FIRST_MAX_M and one_wave is not None and one_wave.block_x >= wg.ONE_WAVE_FIRST_MIN_BLOCK_X
             few_ctas = (n // wg.CTA_ROWS) * split <= wg.FEW_CTAS_MAX_FILL * 132  # the narrow split wave's (test_heuristic_narrow_split_wave)
-            if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not whole_blocks_first and not few_ctas:
+            two_ctas = wg.two_cta_split_wave_config(m, n, k) is not None  # test_heuristic_two_cta_split_wave
+            if (m < wg.SMALL_M or 6 * (n // wg.CTA_ROWS) * split >= 5 * 132) and not (whole_blocks_first or few_ctas or two_ctas):
                 assert dispatched == expected, (m, n, k)
         assert wg.split_wave_config(wg.HEURISTIC_MIN_M - 1, n, k) is None
         assert wg.split_wave_config(wg.SPLIT_WAVE_MAX_M + 1, n, k) is None
@@ -1018,7 +1068,7 @@ def test_heuristic_split_wave_two_blocks():
     assert wg.one_wave_config(232, 4096, 4096).block_x == 64
 
 
-def test_heuristic_split_wave_against_the_committed_h200_race():
+def test_heuristic_split_wave_against_the_committed_h200_race(without_two_cta_split_wave):
     """The H200 race committed under results/ (untuned shapes, M = 17-56, 3 rounds, every config
     checked against the FP32 reference) holds, per cell, the dispatch's config before this rule, this
     rule's config, the next lower split and both stream-K forms of the same tiles: this rule's config
@@ -1035,7 +1085,7 @@ def test_heuristic_split_wave_against_the_committed_h200_race():
         assert times[chosen][1] <= 1.05 * min(us for _, us in times.values()), (n, k, m)
 
 
-def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs(without_two_block_split_wave):
+def test_heuristic_split_wave_to_128_rows_against_the_committed_h200_runs(without_two_block_split_wave, without_two_cta_split_wave):
     """From SMALL_M to 128 rows, the H200 races committed under results/ (3 rounds, every config
     checked against the FP32 reference): 'fit', the four untuned shapes at M = 64-128, which set the
     rule; 'check', nine other shapes at M = 64-128, which came after; and 'whole_64_row_blocks', five
