@@ -735,8 +735,8 @@ def heuristic_config(m: int, n: int, k: int, *, arch: str, sm_count: int) -> Any
     divides into one (``skinny.heuristic_config``; fitted to the tuner's timings of the tuned
     shapes and four untuned ones, results/h200_timings_2026-12-01p_untuned_skinny_m1-16.json),
     then up to 32 rows one warpgroup's split-K at two CTAs per SM where 2-3 splits fill them
-    (``hopper.two_cta_split_wave_config``), else one wave of whole tiles where the weight tiles are few (``hopper.one_wave_config``; up to
-    hopper.SPLIT_WAVE_FIRST_MAX_M rows, and past them where those blocks are under
+    (``hopper.two_cta_split_wave_config``), else one wave of whole tiles where the weight tiles are
+    few (``hopper.one_wave_config``; up to hopper.SPLIT_WAVE_FIRST_MAX_M rows, and past them where those blocks are under
     hopper.ONE_WAVE_FIRST_MIN_BLOCK_X rows, of split tiles first: ``hopper.split_wave_config``; over
     two x blocks where one block's splits are as short as that rule allows:
     ``hopper.two_block_split_wave_config``), two whole waves where that beats stream-K or one
