@@ -1101,6 +1101,11 @@ def wgmma_pipeline(
     scale_words = example.SCALE_WORDS_PER_BLOCK
     pair_planes = 2  # a (block, k32) row's 2 * scale_words pairs, as two rows of scale_words words
 
+    def pair_slot(scale_tiles, stage, block, kb, pair):
+        """Where the producer writes, and the consumers read, pair ``pair`` of a (block, k32) row of
+        ``stage``: the pair rows follow the ``stages`` rows of loaded scale words."""
+        return scale_tiles[stages + pair_planes * stage + pair // scale_words, block, kb, pair % scale_words]
+
     def block_copier(words_per_block: int):
         """A macro copying the ``words_per_block`` words of this CTA's fragment blocks (codes or
         scales) of one k tile into a stage, 16 bytes per cp.async."""
@@ -1187,8 +1192,7 @@ def wgmma_pipeline(
             buf = (half * a_batches + b) % 2  # the A half this batch fills; the other is in flight
             for kb in T.unroll(b * kbs_per_batch, (b + 1) * kbs_per_batch):
                 if scale_pairs:  # lane group g's pairs: words 4g + 2 part .. of the block row's pairs
-                    pair = lane // 4 * 4 + part * 2
-                    scale_at = scale_tiles[stages + pair_planes * stage + pair // scale_words, block, kb, pair % scale_words]
+                    scale_at = pair_slot(scale_tiles, stage, block, kb, lane // 4 * 4 + part * 2)
                 else:
                     scale_at = scale_tiles[stage, block, kb, lane // 4 * 2 + part]
                 T.call_extern(
@@ -1300,9 +1304,15 @@ def wgmma_pipeline(
                     "handle",
                     "nvfp4_scale_pairs",
                     T.access_ptr(scale_tiles[stage, block, kb, word], "r", extent=1),
-                    T.access_ptr(scale_tiles[stages + pair_planes * stage + 2 * word // scale_words, block, kb, 2 * word % scale_words], "w", extent=2),
+                    T.access_ptr(pair_slot(scale_tiles, stage, block, kb, 2 * word), "w", extent=2),
                 )
         T.mbarrier_arrive(full[stages + stage])
+
+    @T.macro
+    def refill(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, t, kt0, base, bm, bn, m, tx):
+        """The producer loads k tile ``t`` into its stage once the consumers freed it."""
+        T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))
+        load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
 
     @T.macro
     def produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, count, kt0, base, bm, bn, m, tx):
@@ -1311,14 +1321,12 @@ def wgmma_pipeline(
         if scale_pairs:
             for t in T.serial(count + PAIR_LAG):
                 if t < count:
-                    T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
-                    load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
+                    refill(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, t, kt0, base, bm, bn, m, tx)
                 if t >= PAIR_LAG:
                     make_pairs(scale_tiles, full, t - PAIR_LAG, base, tx)
         else:
             for t in T.serial(count):
-                T.mbarrier_wait_parity(empty[(base + t) % stages], empty_parity(base + t, stages))  # the stage is free
-                load_stage(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, kt0 + t, (base + t) % stages, bm, bn, m, tx)
+                refill(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, t, kt0, base, bm, bn, m, tx)
 
     @T.macro
     def consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, base, bm, bn, m, tx):
