@@ -85,11 +85,18 @@ MAX_WGMMA_OPERAND_REGISTERS = 224
 # ``a_batches`` of today).
 BOUNDED_NON_OPERAND_REGISTERS = 56
 UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
-# Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
-# consumer thread 96 registers (``consumer_registers(2, 2)``): ptxas (2026-11-30k) kept the wgmmas
-# asynchronous, without spills, up to 64 operand registers (x blocks of up to 64 rows with 64-deep
-# k tiles) and serialized them at 72 (80 rows, or 16 rows with 128-deep k tiles).
-SHARED_SM_PRODUCER_MAX_OPERANDS = 64
+# More CTAs per SM than DEFAULT_PRODUCER_CTAS_PER_SM (stream-K's ctas_per_sm) fit with a producer
+# only where ptxas kept the wgmmas asynchronous, without spills, in what is left for a consumer
+# thread. By (consumer warpgroups, CTAs per SM), the most wgmma operand registers:
+# - (2, 2): 96 registers a consumer (``consumer_registers(2, 2)``). ptxas (2026-11-30k) kept up to 64
+#   (x blocks of up to 64 rows with 64-deep k tiles) and serialized them at 72 (80 rows, or 16 rows
+#   with 128-deep k tiles).
+# - (1, 3): three CTAs launch with 80 registers a thread; with the lean producer (24, see
+#   ``streamk_producer_registers``) a consumer gets 136. ptxas (sm_90a, 34816x5120) kept 32 rows of
+#   128-deep k tiles in four A batches (64) asynchronous without spills; with a producer of 40 (120
+#   a consumer) it serialized them (C7512). 12 consumer warps an SM instead of 8, for a loop ncu
+#   found latency-bound (NOTES, sixtieth session).
+SHARED_SM_PRODUCER_MAX_OPERANDS = {(2, 2): 64, (1, 3): 64}
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
@@ -132,9 +139,18 @@ def consumer_registers(warpgroups: int, ctas_per_sm: int, producer_registers: in
 
 def producer_ctas_per_sm(warpgroups: int, ctas_per_sm: int = 1) -> int:
     """The CTAs per SM a kernel with a producer warpgroup launches for (its registers follow): the
-    default for its consumer warpgroups, or more where a stream-K config asks (two consumer
-    warpgroups: two, see SHARED_SM_PRODUCER_MAX_OPERANDS)."""
+    default for its consumer warpgroups, or more where a stream-K config asks (see
+    SHARED_SM_PRODUCER_MAX_OPERANDS)."""
     return max(ctas_per_sm, DEFAULT_PRODUCER_CTAS_PER_SM[warpgroups])
+
+
+def streamk_producer_registers(warpgroups: int, ctas_per_sm: int) -> int:
+    """What stream-K's producer keeps: PRODUCER_REGISTERS, or the lean producer's where three CTAs of
+    one consumer warpgroup share an SM and a consumer needs every register it can get (there the
+    producer fits in 24 without spills, ptxas sm_90a, where at one or two CTAs it spilled)."""
+    if (warpgroups, producer_ctas_per_sm(warpgroups, ctas_per_sm)) == (1, 3):
+        return LEAN_PRODUCER_REGISTERS
+    return PRODUCER_REGISTERS
 
 
 def x_swizzled(r, c):
@@ -951,10 +967,12 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x or block_k)"
         )
     if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
-        if (wgs, ctas_per_sm) != (2, 2) or acc_size + a_size > SHARED_SM_PRODUCER_MAX_OPERANDS:
+        limit = SHARED_SM_PRODUCER_MAX_OPERANDS.get((wgs, ctas_per_sm))
+        if limit is None or acc_size + a_size > limit:
+            fits = "; ".join(f"{c} CTAs of {w} consumer warpgroup(s), up to {o}" for (w, c), o in SHARED_SM_PRODUCER_MAX_OPERANDS.items())
             raise ValueError(
-                f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM fit only with two consumer warpgroups, "
-                f"two CTAs and at most {SHARED_SM_PRODUCER_MAX_OPERANDS} wgmma operand registers (here {acc_size + a_size})"
+                f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM of {wgs} consumer warpgroup(s) and "
+                f"{acc_size + a_size} wgmma operand registers do not fit; what fits: {fits}"
             )
 
 

@@ -1718,6 +1718,10 @@ PRODUCER_CASES = [
     (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 2, True, 1, True, 0, 2, True)),  # odd segments of 1-2 k tiles: the lag past a segment's end
     (21, 640, 2560, wg.WgmmaConfig(24, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, scale_pairs=True)),  # two consumer warpgroups: half blocks of pairs
+    # three CTAs per SM of one consumer warpgroup and the lean producer (four A batches: 64 operand registers)
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 4)),  # 272 tiles x 40 k tiles over 396 CTAs
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 3, 3, True, 1, True, 0, 4, True)),  # with scale pairs: 3 stages fit
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
     (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
@@ -1969,17 +1973,17 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-3:]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-6:]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA launches with the registers its share of an SM allows
     (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
     compiles their path within that, unserialized and without spills (the one-warpgroup 128-row
     kernel used 218 registers without a producer, 216 are its consumers' share; two two-warpgroup
-    CTAs per SM leave 96). The unsplit and split-K kernel's producer keeps the lean share, stream-K's
-    the larger one."""
+    CTAs per SM leave 96, three one-warpgroup CTAs 136). The unsplit and split-K kernel's producer
+    keeps the lean share, stream-K's the larger one but at three CTAs per SM."""
     wgs = config.warpgroups
     ctas = wg.producer_ctas_per_sm(wgs, getattr(config, "ctas_per_sm", 1))
-    producer = wg.LEAN_PRODUCER_REGISTERS if isinstance(config, wg.WgmmaConfig) else wg.PRODUCER_REGISTERS
+    producer = wg.LEAN_PRODUCER_REGISTERS if isinstance(config, wg.WgmmaConfig) else wg.streamk_producer_registers(wgs, ctas)
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
     assert f"warpgroup_reg_alloc<{wg.consumer_registers(wgs, ctas, producer)}>" in source and f"warpgroup_reg_dealloc<{producer}>" in source
@@ -1995,8 +1999,9 @@ def test_consumer_registers_fit_the_launch_pool():
     two consumer warpgroups at 104 did on the H200); and the launch must fit the SM."""
     assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 96]
     lean = wg.LEAN_PRODUCER_REGISTERS
-    assert [wg.consumer_registers(2, 1, lean), wg.consumer_registers(1, 2, lean)] == [240, 232]
-    for consumers, ctas, producer in ((2, 1, wg.PRODUCER_REGISTERS), (1, 2, wg.PRODUCER_REGISTERS), (2, 2, wg.PRODUCER_REGISTERS), (2, 1, lean), (1, 2, lean)):
+    assert [wg.consumer_registers(2, 1, lean), wg.consumer_registers(1, 2, lean), wg.consumer_registers(1, 3, lean)] == [240, 232, 136]
+    assert [wg.streamk_producer_registers(w, c) for w, c in ((2, 1), (2, 2), (1, 1), (1, 2), (1, 3))] == [wg.PRODUCER_REGISTERS] * 4 + [lean]
+    for consumers, ctas, producer in ((2, 1, wg.PRODUCER_REGISTERS), (1, 2, wg.PRODUCER_REGISTERS), (2, 2, wg.PRODUCER_REGISTERS), (2, 1, lean), (1, 2, lean), (1, 3, lean)):
         threads = wg.WARPGROUP_THREADS * (consumers + 1)
         pool = wg.launch_registers(consumers, ctas) * threads
         used = wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas, producer) + producer)
@@ -2072,7 +2077,11 @@ def test_wide_streamk_keeps_one_run_time_loop():
         sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 2, True),  # two such CTAs per SM: 72 operand registers of 96
         sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
         sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
-        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
+        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # three CTAs of one consumer warpgroup and a producer: 128 operand registers of 64
+        sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 2),  # ... two A batches: 96
+        sk.WgmmaStreamKConfig(40, 128, 4, 3, True, 1, True, 0, 4),  # ... 40 rows in four batches: 72
+        sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, True),  # four such CTAs
+        sk.WgmmaStreamKConfig(32, 128, 5, 3, True, 1, True, 0, 4),  # three CTAs of five 32-row stages: over an SM's shared memory
         sk.WgmmaStreamKConfig(352, 64, 4, 1, True, 2, True),  # over stream-K's x block (its consumers' registers)
         sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, False),  # 160 operand registers; three CTAs leave 112
         sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, False),  # four CTAs leave 72 of 128, not 80
