@@ -947,6 +947,8 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
     if config.scale_pairs and not config.producer:
         raise ValueError(f"config {config}: the scale pairs are the producer warpgroup's to make (producer=True)")
+    if config.scale_pairs and config.stages < SCALE_PAIR_MIN_STAGES:
+        raise ValueError(f"config {config}: with scale pairs the producer needs at least {SCALE_PAIR_MIN_STAGES} stages (see SCALE_PAIR_MIN_STAGES)")
     if shared_bytes(config) > SM90_SMEM_PER_CTA:
         raise ValueError(f"config {config}: {shared_bytes(config)} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
     if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
@@ -978,6 +980,11 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
 
 CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
 PAIR_LAG = 2  # k tiles between the producer's load of a stage and its making of the stage's scale pairs
+# The producer loads tile t once the consumers released tile t - stages, which they do while running
+# tile t - stages + 1, which waits for that tile's pairs, made after the load of tile t - stages + 1
+# + PAIR_LAG. That load must come before tile t's, or producer and consumers wait on each other: 3
+# stages hung on the H200 (2026-12-03, sixtieth session).
+SCALE_PAIR_MIN_STAGES = PAIR_LAG + 2
 
 
 def consumer_sync(consumer_threads: int, threads: int):

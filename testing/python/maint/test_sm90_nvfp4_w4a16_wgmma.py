@@ -1721,7 +1721,7 @@ PRODUCER_CASES = [
     # three CTAs per SM of one consumer warpgroup and the lean producer (four A batches: 64 operand registers)
     (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 4)),  # 272 tiles x 40 k tiles over 396 CTAs
     (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
-    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 3, 3, True, 1, True, 0, 4, True)),  # with scale pairs: 3 stages fit
+    (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4, True)),  # with scale pairs (4 stages fit)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
     (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
@@ -2082,6 +2082,7 @@ def test_wide_streamk_keeps_one_run_time_loop():
         sk.WgmmaStreamKConfig(40, 128, 4, 3, True, 1, True, 0, 4),  # ... 40 rows in four batches: 72
         sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, True),  # four such CTAs
         sk.WgmmaStreamKConfig(32, 128, 5, 3, True, 1, True, 0, 4),  # three CTAs of five 32-row stages: over an SM's shared memory
+        sk.WgmmaStreamKConfig(32, 128, 3, 2, True, 1, True, 0, 2, True),  # scale pairs in 3 stages: producer and consumers deadlock
         sk.WgmmaStreamKConfig(352, 64, 4, 1, True, 2, True),  # over stream-K's x block (its consumers' registers)
         sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, False),  # 160 operand registers; three CTAs leave 112
         sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, False),  # four CTAs leave 72 of 128, not 80
