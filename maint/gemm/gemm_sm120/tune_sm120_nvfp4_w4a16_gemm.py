@@ -211,7 +211,6 @@ ONE_WARPGROUP_SPLIT_PRODUCER_STAGES = 6
 # only, where 6 fit. On two consumer warpgroups the pairs lost (5120x17408 M = 32: 25.07 against
 # 22.68 for the table's 8 stages without), so they are not offered there.
 SCALE_PAIR_DEPTHS = 2
-SCALE_PAIR_MIN_STAGES = 4  # the fewest timed: with pairs the producer makes a stage's pairs 2 k tiles after its load
 # Every candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also on the block in
 # 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24, 40 at 33-40, 56
 # at 49-56. A wider wgmma N costs even where its rows are padding. On 34816x5120, the table's one-
@@ -413,13 +412,14 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 def scale_pair_twins(configs: list) -> list:
     """The twins of the one-warpgroup producer configs among ``configs`` (two CTAs per SM) with the
     producer's scale pairs, at the deepest pipeline that fits them and one stage shallower, and at
-    those depths without pairs where they are shallower than the config's (see SCALE_PAIR_DEPTHS)."""
+    those depths without pairs where they are shallower than the config's (see SCALE_PAIR_DEPTHS), never
+    under ``hopper.SCALE_PAIR_MIN_STAGES``."""
     out = []
     for c in configs:
         if not (isinstance(c, (maint.hopper.WgmmaConfig, maint.WgmmaStreamKConfig)) and c.warpgroups == 1 and c.producer):
             continue
         deepest = min(c.stages, maint.hopper.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
-        for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, SCALE_PAIR_MIN_STAGES - 1), -1):
+        for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, maint.hopper.SCALE_PAIR_MIN_STAGES - 1), -1):
             out += [c._replace(stages=stages, scale_pairs=True)] + ([c._replace(stages=stages)] if stages < c.stages else [])
     return out
 

@@ -581,7 +581,7 @@ def test_tuner_offers_scale_pair_twins():
         twins = set(tune.scale_pair_twins(offered))
         for c in (c for c in offered if c.warpgroups == 1 and c.producer and c not in twins):
             deepest = min(c.stages, wg.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
-            depths = [s for s in (deepest, deepest - 1) if s >= tune.SCALE_PAIR_MIN_STAGES]
+            depths = [s for s in (deepest, deepest - 1) if s >= wg.SCALE_PAIR_MIN_STAGES]
             assert depths and all(c._replace(stages=s, scale_pairs=True) in offered for s in depths)
             assert all(c._replace(stages=s) in offered for s in depths)
             if deepest < c.stages:  # the pairs cut the pipeline: a stage more would not fit two CTAs per SM
@@ -1883,37 +1883,46 @@ class ModelBarrier:
         return self.phases % 2 != parity
 
 
-def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int = 2) -> None:
+def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int = 2, scale_pairs: bool = False) -> None:
     """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving, over a
     CTA's segments of ``counts`` k tiles each (one for split-K, several for stream-K): the producer's
     elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine finishing copies
     in any order, and ``consumers`` consumer warpgroups (``consume``: tile t > 0 of a segment releases tile
-    t - 1 once its wgmma retired, the segment's end releases its last). It checks that every k tile
+    t - 1 once its wgmma retired, the segment's end releases its last). With ``scale_pairs`` every
+    producer thread, ``PAIR_LAG`` loads after a tile's, waits for that tile to land and makes its
+    pairs (the stage's second barrier), which the consumers wait for too. It checks that every k tile
     a consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer
     still reads, and that nothing deadlocks. The phase arithmetic is the kernel's
     (``wg.full_parity``, ``wg.empty_parity``), on k tiles counted over the segments (``base + t``)."""
     import random
 
     rng = random.Random(seed)
-    total = sum(counts)
     full = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
+    pairs = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
     empty = [ModelBarrier(consumers * wg.WARPGROUP_THREADS) for _ in range(stages)]
     data, readers, copies = [None] * stages, [set() for _ in range(stages)], []
+    lag = wg.PAIR_LAG if scale_pairs else 0
 
-    def elected():
-        for i in range(total):
-            s = i % stages
-            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
-            assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
-            full[s].expect_tx(1)
-            copies.append((s, i))
-            full[s].arrive()
+    def producer_thread(load, threads: int):
+        """One of the producer's threads (``threads`` of them, as one agent), as ``produce`` runs."""
+        base = 0
+        for count in counts:
+            for t in range(count + lag):
+                if t < count:
+                    i, s = base + t, (base + t) % stages
+                    yield lambda: empty[s].passed(wg.empty_parity(i, stages))
+                    load(i, s)
+                if scale_pairs and t >= lag:
+                    u, s = base + t - lag, (base + t - lag) % stages
+                    yield lambda: full[s].passed(wg.full_parity(u, stages))
+                    pairs[s].arrive(threads)
+            base += count
 
-    def others():
-        for i in range(total):
-            s = i % stages
-            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
-            full[s].arrive(wg.WARPGROUP_THREADS - 1)
+    def elected_load(i, s):
+        assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
+        full[s].expect_tx(1)
+        copies.append((s, i))
+        full[s].arrive()
 
     def release(c, i):
         readers[i % stages].discard(c)
@@ -1924,7 +1933,7 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
         for count in counts:
             for t in range(count):
                 i, s = base + t, (base + t) % stages
-                yield lambda: full[s].passed(wg.full_parity(i, stages))
+                yield lambda: full[s].passed(wg.full_parity(i, stages)) and (not scale_pairs or pairs[s].passed(wg.full_parity(i, stages)))
                 assert data[s] == i, f"consumer {c} read tile {data[s]} for tile {i}"
                 readers[s].add(c)  # its dequant and wgmma read the stage ...
                 if t > 0:  # ... and tile i - 1's wgmma has retired (warpgroup_wait(1))
@@ -1934,7 +1943,9 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
             base += count
             yield lambda: True  # the segment's store or fix-up
 
-    agents = [[elected(), None], [others(), None]] + [[consumer(c), None] for c in range(consumers)]
+    elected = producer_thread(elected_load, 1)
+    others = producer_thread(lambda i, s: full[s].arrive(wg.WARPGROUP_THREADS - 1), wg.WARPGROUP_THREADS - 1)
+    agents = [[elected, None], [others, None]] + [[consumer(c), None] for c in range(consumers)]
     for agent in agents:
         agent[1] = next(agent[0], None)
     while any(agent[1] is not None for agent in agents) or copies:
@@ -1955,6 +1966,19 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
 def test_producer_protocol_model(stages, counts, consumers):
     for seed in range(40):
         run_producer_protocol(stages, counts, seed, consumers)
+        if stages >= wg.SCALE_PAIR_MIN_STAGES:
+            run_producer_protocol(stages, counts, seed, consumers, scale_pairs=True)
+
+
+def test_scale_pairs_deadlock_under_their_fewest_stages():
+    """One stage fewer than SCALE_PAIR_MIN_STAGES and the producer waits for a release that waits for
+    pairs the producer has not made yet (3 stages hung on the H200); the check refuses it."""
+    with pytest.raises(AssertionError, match="deadlock"):
+        run_producer_protocol(wg.SCALE_PAIR_MIN_STAGES - 1, [16], 0, 1, scale_pairs=True)
+    config = sk.WgmmaStreamKConfig(32, 128, wg.SCALE_PAIR_MIN_STAGES - 1, 2, True, 1, True, 0, 2, True)
+    with pytest.raises(ValueError, match="stages"):
+        sk.check_any_config(config, 34816, 5120, "sm_90")
+    sk.check_any_config(config._replace(stages=wg.SCALE_PAIR_MIN_STAGES), 34816, 5120, "sm_90")
 
 
 @pytest.mark.parametrize(
