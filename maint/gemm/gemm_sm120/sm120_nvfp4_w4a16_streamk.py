@@ -559,7 +559,7 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
         hopper.check_wgmma_config(config.segment_config(), n, k, ctas_per_sm=config.ctas_per_sm)
     except ValueError as e:
         raise ValueError(f"config {config}: {e}") from None
-    per_cta = hopper.shared_bytes(config) + hopper.CTA_RESERVED_SMEM
+    per_cta = hopper.cta_smem(config)
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
     if config.block_x > WGMMA_STREAMK_MAX_BLOCK_X:

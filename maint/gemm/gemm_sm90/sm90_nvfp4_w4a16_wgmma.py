@@ -254,6 +254,24 @@ def shared_bytes(config) -> int:
     return config.kernel_shape().shared_bytes() + pairs
 
 
+# Besides its stages a CTA holds its mbarriers (8 bytes each: with TMA loads a ``full`` per stage,
+# with a producer an ``empty`` too, with scale pairs a second ``full``) and a few scalars (stream-K's
+# segment, split-K's ticket: TileLang 0.1.15 put 16 bytes in the dynamic buffer). They count where
+# CTAs share an SM: three 24-row CTAs of five 128-deep stages hold 76800 bytes of stages each, a
+# third of 228 KB less the driver's 1 KB to the byte; with their 96 bytes more only two fit, and the
+# persistent grid of three per SM ran in one and a half waves (H200, 2026-12-03: 50.3 us against
+# 36.4 at four stages on 34816x5120 M = 24).
+MBARRIER_BYTES = 8
+CTA_SCALAR_SMEM = 64  # the scalars' bytes, rounded up
+
+
+def cta_smem(config) -> int:
+    """What one CTA of ``config`` (a wgmma kernel's) takes of its SM's shared memory: the stages
+    (``shared_bytes``), the barriers and scalars, and the driver's reserve."""
+    barriers = config.stages * (1 + config.producer + config.scale_pairs) if config.tma_loads else 0
+    return shared_bytes(config) + MBARRIER_BYTES * barriers + CTA_SCALAR_SMEM + CTA_RESERVED_SMEM
+
+
 def operand_sizes(block_x: int, block_k: int, warpgroups: int, a_batches: int = 1) -> tuple:
     """``(a_size, acc_size)`` per thread: bf16 A values of one of a k tile's ``a_batches`` wgmma
     batches ([k16 step][m64 atom][4 registers]; the kernel keeps two such halves) and FP32
@@ -352,9 +370,11 @@ def deepest_stages(block_x: int, ctas_per_sm: int = 2, block_k: int = SWIZZLE_K,
     """The most stages with which ``ctas_per_sm`` CTAs of this x block (with ``scale_pairs``, their
     pairs too) still share an SM. The loads run ``stages - 2`` k tiles ahead, so this is the most
     bytes in flight without losing the second CTA, whose dequant overlaps the first one's wgmma
-    (6 stages of 128 rows keep one: 356 us against 271 at 16384x5120 M = 1024)."""
-    per_stage = shared_bytes(WgmmaConfig(block_x, block_k, 1, scale_pairs=scale_pairs))
-    return (SM90_SMEM_PER_SM // ctas_per_sm - CTA_RESERVED_SMEM) // per_stage
+    (6 stages of 128 rows keep one: 356 us against 271 at 16384x5120 M = 1024). Counted with a
+    producer's barriers, the most any loader has (``cta_smem``)."""
+    one = WgmmaConfig(block_x, block_k, 1, tma_loads=True, producer=True, scale_pairs=scale_pairs)
+    per_stage = cta_smem(one._replace(stages=2)) - cta_smem(one)
+    return (SM90_SMEM_PER_SM // ctas_per_sm - (cta_smem(one) - per_stage)) // per_stage
 
 
 def _tiles(m: int, n: int, block_x: int) -> int:
@@ -949,8 +969,9 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: the scale pairs are the producer warpgroup's to make (producer=True)")
     if config.scale_pairs and config.stages < SCALE_PAIR_MIN_STAGES:
         raise ValueError(f"config {config}: with scale pairs the producer needs at least {SCALE_PAIR_MIN_STAGES} stages (see SCALE_PAIR_MIN_STAGES)")
-    if shared_bytes(config) > SM90_SMEM_PER_CTA:
-        raise ValueError(f"config {config}: {shared_bytes(config)} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
+    smem = cta_smem(config) - CTA_RESERVED_SMEM
+    if smem > SM90_SMEM_PER_CTA:
+        raise ValueError(f"config {config}: {smem} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
     if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
         raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
     if config.a_batches < 1 or config.block_k // example.FRAG_K % config.a_batches:

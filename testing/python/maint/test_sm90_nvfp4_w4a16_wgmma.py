@@ -586,7 +586,7 @@ def test_tuner_offers_scale_pair_twins():
             assert all(c._replace(stages=s) in offered for s in depths)
             if deepest < c.stages:  # the pairs cut the pipeline: a stage more would not fit two CTAs per SM
                 deeper = c._replace(stages=deepest + 1, scale_pairs=True)
-                assert 2 * (wg.shared_bytes(deeper) + wg.CTA_RESERVED_SMEM) > wg.SM90_SMEM_PER_SM
+                assert 2 * wg.cta_smem(deeper) > wg.SM90_SMEM_PER_SM
     # 32 rows: 6 stages without pairs, 5 with (two CTAs of 116736 + 1024 bytes overflow 228 KB)
     assert wg.deepest_stages(32, 2, 128) == 6 and wg.deepest_stages(32, 2, 128, scale_pairs=True) == 5
     table = (
@@ -1720,7 +1720,7 @@ PRODUCER_CASES = [
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, scale_pairs=True)),  # two consumer warpgroups: half blocks of pairs
     # three CTAs per SM of one consumer warpgroup and the lean producer (four A batches: 64 operand registers)
     (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 4)),  # 272 tiles x 40 k tiles over 396 CTAs
-    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
     (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4, True)),  # with scale pairs (4 stages fit)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
@@ -1840,14 +1840,31 @@ def test_graph_replays_match_eager(config):
 
 
 def test_deepest_stages_keep_two_ctas_per_sm():
-    """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more."""
+    """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more,
+    barriers included (the producer's, the most)."""
     for bx in range(16, wg.ONE_WARPGROUP_MAX_BLOCK_X + 1, 16):
         stages = wg.deepest_stages(bx)
-        config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages)
+        config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages, tma_loads=True, producer=True)
         wg.check_wgmma_config(config, 16384, 5120)
-        per_cta = lambda s: wg.WgmmaConfig(bx, wg.SWIZZLE_K, s).kernel_shape().shared_bytes() + wg.CTA_RESERVED_SMEM  # noqa: E731
-        assert 2 * per_cta(stages) <= wg.SM90_SMEM_PER_SM < 2 * per_cta(stages + 1)
+        assert 2 * wg.cta_smem(config) <= wg.SM90_SMEM_PER_SM < 2 * wg.cta_smem(config._replace(stages=stages + 1))
         assert stages >= wg.DEFAULT_STAGES
+
+
+def test_cta_smem_counts_what_the_kernel_allocates():
+    """``cta_smem`` covers the kernel's dynamic buffer (from the host launch) and its static
+    barriers: so three 24-row CTAs of five 128-deep stages, 76800 bytes of stages each, do not fit
+    one SM (on the H200 only two did), and stream-K's check refuses them."""
+    config = sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4)
+    kernel = sk.compile_wgmma_streamk(34816, 5120, config)
+    source, host = kernel.get_kernel_source(), kernel.adapter.get_host_source()
+    static = sum(8 * int(count) for count in re.findall(r"__shared__ __align__\(\d+\) uint64_t \w+\[(\d+)\];", source))
+    assert static == wg.MBARRIER_BYTES * 2 * config.stages  # full and empty
+    dynamic = [int(v) for v in re.findall(r"\(\(int64_t\)(\d+)\)", host) if 0 <= int(v) - wg.shared_bytes(config) < wg.CTA_SCALAR_SMEM]
+    assert dynamic and wg.shared_bytes(config) + static < dynamic[0] + static <= wg.cta_smem(config) - wg.CTA_RESERVED_SMEM
+    five = config._replace(stages=5)
+    assert 3 * (wg.shared_bytes(five) + wg.CTA_RESERVED_SMEM) == wg.SM90_SMEM_PER_SM < 3 * wg.cta_smem(five)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        sk.check_any_config(five, 34816, 5120, "sm_90")
 
 
 # ----------------------------------------------------------------------------------------------
