@@ -990,6 +990,12 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             f"config {config}: {ctas_per_sm} CTAs per SM leave {bound - BOUNDED_NON_OPERAND_REGISTERS} registers per thread for "
             f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x or block_k)"
         )
+    launched_for = producer_ctas_per_sm(wgs, ctas_per_sm) if config.producer else ctas_per_sm
+    if launched_for * cta_smem(config) > SM90_SMEM_PER_SM:  # the registers are split for CTAs that would not fit
+        raise ValueError(
+            f"config {config}: launches for {launched_for} CTAs per SM (with a producer: {DEFAULT_PRODUCER_CTAS_PER_SM[wgs]} or stream-K's "
+            f"ctas_per_sm), and {launched_for} CTAs of {cta_smem(config)} bytes of shared memory do not fit an SM's {SM90_SMEM_PER_SM}"
+        )
     if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
         limit = SHARED_SM_PRODUCER_MAX_OPERANDS.get((wgs, ctas_per_sm))
         if limit is None or acc_size + a_size > limit:

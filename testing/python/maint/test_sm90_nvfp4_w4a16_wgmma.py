@@ -539,13 +539,18 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
     rows. Up to it: SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES and the deepest pipeline that
     the split's k tiles fill; and on one consumer warpgroup with two A batches, 6 stages
-    (``ONE_WARPGROUP_SPLIT_PRODUCER_STAGES``). (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
+    (``ONE_WARPGROUP_SPLIT_PRODUCER_STAGES``) or as many as two CTAs per SM hold. (Their twins on
+    8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
     one_warpgroup = {c for c in offered if c.warpgroups == 1 and not c.tickets}
     pair_twins = set(tune.scale_pair_twins(one_warpgroup))  # test_tuner_offers_scale_pair_twins
-    assert {c for c in one_warpgroup - pair_twins if c.block_x == block_x} == ({wg.WgmmaConfig(block_x, 128, 6, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS} if small_m else set())
+    if small_m:
+        stages = min(tune.ONE_WARPGROUP_SPLIT_PRODUCER_STAGES, wg.deepest_stages(block_x, 2, wg.DEEP_K))
+        assert {c for c in one_warpgroup - pair_twins if c.block_x == block_x} == {wg.WgmmaConfig(block_x, 128, stages, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS}
+    else:
+        assert not {c for c in one_warpgroup - pair_twins if c.block_x == block_x}
     offered = [c for c in offered if c.warpgroups == 2 or c.tickets]
     split = {c for c in offered if not c.tickets}
     # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
