@@ -94,9 +94,10 @@ UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
 # - (1, 3): three CTAs launch with 80 registers a thread; with the lean producer (24, see
 #   ``streamk_producer_registers``) a consumer gets 136. ptxas (sm_90a, 34816x5120) kept 32 rows of
 #   128-deep k tiles in four A batches (64) asynchronous without spills; with a producer of 40 (120
-#   a consumer) it serialized them (C7512). 12 consumer warps an SM instead of 8, for a loop ncu
-#   found latency-bound; correct, but 1.02-1.05x the time of two CTAs per SM on 34816x5120 at
-#   M = 24 and 32 (H200, 2026-12-03n), so the tuner does not offer it.
+#   a consumer) it serialized them (C7512). Not every such config is spill-free: 24 rows at 4
+#   stages spilled 16-24 bytes (none at 3 and 5, nor 32 rows at 4). 12 consumer warps an SM
+#   instead of 8, for a loop ncu found latency-bound; correct, but 1.02-1.05x the time of two CTAs
+#   per SM on 34816x5120 at M = 24 and 32 (H200, 2026-12-03n), so the tuner does not offer it.
 SHARED_SM_PRODUCER_MAX_OPERANDS = {(2, 2): 64, (1, 3): 64}
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024

@@ -1725,7 +1725,7 @@ PRODUCER_CASES = [
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, scale_pairs=True)),  # two consumer warpgroups: half blocks of pairs
     # three CTAs per SM of one consumer warpgroup and the lean producer (four A batches: 64 operand registers)
     (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 4)),  # 272 tiles x 40 k tiles over 396 CTAs
-    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 3, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
     (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4, True)),  # with scale pairs (4 stages fit)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
