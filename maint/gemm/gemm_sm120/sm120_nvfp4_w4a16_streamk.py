@@ -401,7 +401,7 @@ def build_wgmma_streamk_kernel(n: int, k: int, config: WgmmaStreamKConfig):
     tiles_n = n // hopper.CTA_ROWS
     pipe = hopper.wgmma_pipeline(
         bx, stages, config.tma_loads, config.warpgroups, config.block_k, config.producer, config.ctas_per_sm,
-        a_batches=config.a_batches, scale_pairs=config.scale_pairs,
+        hopper.streamk_producer_registers(config.warpgroups, config.ctas_per_sm), config.a_batches, config.scale_pairs,
     )  # fmt: skip
     threads = pipe.threads
     fixup = streamk_fixup(pipe.acc_size, pipe.consumer_threads, k_tiles, pipe.sync_consumers)
@@ -545,7 +545,8 @@ def compile_streamk(n: int, k: int, config: StreamKConfig, arch: str, assume_pos
 STREAMK_PASS_CONFIGS = hopper.HAND_PIPELINE_PASS_CONFIGS
 
 
-# Stream-K's producer keeps hopper.PRODUCER_REGISTERS, so its consumers get 232 registers, not the
+# Stream-K's producer keeps hopper.PRODUCER_REGISTERS (at one CTA per SM: see
+# ``hopper.streamk_producer_registers``), so its consumers get 232 registers, not the
 # unsplit kernel's 240: ptxas serialized the wgmmas of 352 x rows there (C7512), as it kept those
 # of 320 asynchronous (sm_90a, 2026-12-01).
 WGMMA_STREAMK_MAX_BLOCK_X = 320
@@ -558,7 +559,7 @@ def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> No
         hopper.check_wgmma_config(config.segment_config(), n, k, ctas_per_sm=config.ctas_per_sm)
     except ValueError as e:
         raise ValueError(f"config {config}: {e}") from None
-    per_cta = hopper.shared_bytes(config) + hopper.CTA_RESERVED_SMEM
+    per_cta = hopper.cta_smem(config)
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
     if config.block_x > WGMMA_STREAMK_MAX_BLOCK_X:

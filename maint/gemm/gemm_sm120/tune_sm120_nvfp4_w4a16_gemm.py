@@ -198,7 +198,8 @@ SPLIT_PRODUCER_MAX_BLOCK_X = maint.hopper.ONE_WARPGROUP_MAX_BLOCK_X
 # 2026-12-03k, tuner twins; results/h200_update_2026-12-03k_one_warpgroup_split_producer_m24.json
 # and _m32.json): M = 24 17.9 and 17.7 us against 18.5 and 18.3 for two warpgroups unsplit, M = 32
 # 18.7 and 18.2 against 18.8 and 18.5. It lost 5120x17408 and 5120x6144 M = 32 at every split
-# (23.5-32.4 us against 23.2, 12.3-14.6 against 11.2 for two warpgroups' split 3).
+# (23.5-32.4 us against 23.2, 12.3-14.6 against 11.2 for two warpgroups' split 3). Wider x blocks
+# take the deepest pipeline that keeps two CTAs per SM, the launch's (40 and 48 rows: 5).
 ONE_WARPGROUP_SPLIT_PRODUCER_STAGES = 6
 # Both one-warpgroup producer forms above also with the producer making the scale pairs
 # (``scale_pairs``), at the deepest pipeline whose pairs still fit two CTAs per SM and one stage
@@ -211,7 +212,6 @@ ONE_WARPGROUP_SPLIT_PRODUCER_STAGES = 6
 # only, where 6 fit. On two consumer warpgroups the pairs lost (5120x17408 M = 32: 25.07 against
 # 22.68 for the table's 8 stages without), so they are not offered there.
 SCALE_PAIR_DEPTHS = 2
-SCALE_PAIR_MIN_STAGES = 4  # the fewest timed: with pairs the producer makes a stage's pairs 2 k tiles after its load
 # Every candidate on the tight x block (16-row steps, ``hopper.TIGHT_ROW_STEP``) also on the block in
 # 8-row steps where that is narrower, up to NARROW_TWINS_MAX_M rows: 24 at M = 17-24, 40 at 33-40, 56
 # at 49-56. A wider wgmma N costs even where its rows are padding. On 34816x5120, the table's one-
@@ -364,7 +364,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
         for split in WGMMA_SPLITS:  # the deep one holds at most the split's k tiles
             stages = {SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES, max(SPLIT_PRODUCER_STAGES, min(deepest, k // hopper.DEEP_K // split))}
             out += [split_producer._replace(split_k=split, stages=st) for st in sorted(stages)]
-        one_warpgroup = split_producer._replace(warpgroups=1, stages=ONE_WARPGROUP_SPLIT_PRODUCER_STAGES, a_batches=ONE_WARPGROUP_PRODUCER_A_BATCHES)
+        stages = min(ONE_WARPGROUP_SPLIT_PRODUCER_STAGES, hopper.deepest_stages(tight.block_x, 2, hopper.DEEP_K))
+        one_warpgroup = split_producer._replace(warpgroups=1, stages=stages, a_batches=ONE_WARPGROUP_PRODUCER_A_BATCHES)
         out += [one_warpgroup._replace(split_k=split) for split in WGMMA_SPLITS]
     else:
         out = [tight]
@@ -413,13 +414,14 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
 def scale_pair_twins(configs: list) -> list:
     """The twins of the one-warpgroup producer configs among ``configs`` (two CTAs per SM) with the
     producer's scale pairs, at the deepest pipeline that fits them and one stage shallower, and at
-    those depths without pairs where they are shallower than the config's (see SCALE_PAIR_DEPTHS)."""
+    those depths without pairs where they are shallower than the config's (see SCALE_PAIR_DEPTHS), never
+    under ``hopper.SCALE_PAIR_MIN_STAGES``."""
     out = []
     for c in configs:
         if not (isinstance(c, (maint.hopper.WgmmaConfig, maint.WgmmaStreamKConfig)) and c.warpgroups == 1 and c.producer):
             continue
         deepest = min(c.stages, maint.hopper.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
-        for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, SCALE_PAIR_MIN_STAGES - 1), -1):
+        for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, maint.hopper.SCALE_PAIR_MIN_STAGES - 1), -1):
             out += [c._replace(stages=stages, scale_pairs=True)] + ([c._replace(stages=stages)] if stages < c.stages else [])
     return out
 

@@ -85,11 +85,20 @@ MAX_WGMMA_OPERAND_REGISTERS = 224
 # ``a_batches`` of today).
 BOUNDED_NON_OPERAND_REGISTERS = 56
 UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
-# Two CTAs per SM of two consumer warpgroups and a producer (stream-K's ctas_per_sm = 2) leave a
-# consumer thread 96 registers (``consumer_registers(2, 2)``): ptxas (2026-11-30k) kept the wgmmas
-# asynchronous, without spills, up to 64 operand registers (x blocks of up to 64 rows with 64-deep
-# k tiles) and serialized them at 72 (80 rows, or 16 rows with 128-deep k tiles).
-SHARED_SM_PRODUCER_MAX_OPERANDS = 64
+# More CTAs per SM than DEFAULT_PRODUCER_CTAS_PER_SM (stream-K's ctas_per_sm) fit with a producer
+# only where ptxas kept the wgmmas asynchronous, without spills, in what is left for a consumer
+# thread. By (consumer warpgroups, CTAs per SM), the most wgmma operand registers:
+# - (2, 2): 96 registers a consumer (``consumer_registers(2, 2)``). ptxas (2026-11-30k) kept up to 64
+#   (x blocks of up to 64 rows with 64-deep k tiles) and serialized them at 72 (80 rows, or 16 rows
+#   with 128-deep k tiles).
+# - (1, 3): three CTAs launch with 80 registers a thread; with the lean producer (24, see
+#   ``streamk_producer_registers``) a consumer gets 136. ptxas (sm_90a, 34816x5120) kept 32 rows of
+#   128-deep k tiles in four A batches (64) asynchronous without spills; with a producer of 40 (120
+#   a consumer) it serialized them (C7512). Not every such config is spill-free: 24 rows at 4
+#   stages spilled 16-24 bytes (none at 3 and 5, nor 32 rows at 4). 12 consumer warps an SM
+#   instead of 8, for a loop ncu found latency-bound; correct, but 1.02-1.05x the time of two CTAs
+#   per SM on 34816x5120 at M = 24 and 32 (H200, 2026-12-03n), so the tuner does not offer it.
+SHARED_SM_PRODUCER_MAX_OPERANDS = {(2, 2): 64, (1, 3): 64}
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
@@ -132,9 +141,18 @@ def consumer_registers(warpgroups: int, ctas_per_sm: int, producer_registers: in
 
 def producer_ctas_per_sm(warpgroups: int, ctas_per_sm: int = 1) -> int:
     """The CTAs per SM a kernel with a producer warpgroup launches for (its registers follow): the
-    default for its consumer warpgroups, or more where a stream-K config asks (two consumer
-    warpgroups: two, see SHARED_SM_PRODUCER_MAX_OPERANDS)."""
+    default for its consumer warpgroups, or more where a stream-K config asks (see
+    SHARED_SM_PRODUCER_MAX_OPERANDS)."""
     return max(ctas_per_sm, DEFAULT_PRODUCER_CTAS_PER_SM[warpgroups])
+
+
+def streamk_producer_registers(warpgroups: int, ctas_per_sm: int) -> int:
+    """What stream-K's producer keeps: PRODUCER_REGISTERS, or the lean producer's where three CTAs of
+    one consumer warpgroup share an SM and a consumer needs every register it can get (there the
+    producer fits in 24 without spills, ptxas sm_90a, where at one or two CTAs it spilled)."""
+    if (warpgroups, producer_ctas_per_sm(warpgroups, ctas_per_sm)) == (1, 3):
+        return LEAN_PRODUCER_REGISTERS
+    return PRODUCER_REGISTERS
 
 
 def x_swizzled(r, c):
@@ -238,6 +256,24 @@ def shared_bytes(config) -> int:
     return config.kernel_shape().shared_bytes() + pairs
 
 
+# Besides its stages a CTA holds its mbarriers (8 bytes each: with TMA loads a ``full`` per stage,
+# with a producer an ``empty`` too, with scale pairs a second ``full``) and a few scalars (stream-K's
+# segment, split-K's ticket: TileLang 0.1.15 put 16 bytes in the dynamic buffer). They count where
+# CTAs share an SM: three 24-row CTAs of five 128-deep stages hold 76800 bytes of stages each, a
+# third of 228 KB less the driver's 1 KB to the byte; with their 96 bytes more only two fit, and the
+# persistent grid of three per SM ran in one and a half waves (H200, 2026-12-03: 50.3 us against
+# 36.4 at four stages on 34816x5120 M = 24).
+MBARRIER_BYTES = 8
+CTA_SCALAR_SMEM = 64  # the scalars' bytes, rounded up
+
+
+def cta_smem(config) -> int:
+    """What one CTA of ``config`` (a wgmma kernel's) takes of its SM's shared memory: the stages
+    (``shared_bytes``), the barriers and scalars, and the driver's reserve."""
+    barriers = config.stages * (1 + config.producer + config.scale_pairs) if config.tma_loads else 0
+    return shared_bytes(config) + MBARRIER_BYTES * barriers + CTA_SCALAR_SMEM + CTA_RESERVED_SMEM
+
+
 def operand_sizes(block_x: int, block_k: int, warpgroups: int, a_batches: int = 1) -> tuple:
     """``(a_size, acc_size)`` per thread: bf16 A values of one of a k tile's ``a_batches`` wgmma
     batches ([k16 step][m64 atom][4 registers]; the kernel keeps two such halves) and FP32
@@ -336,9 +372,11 @@ def deepest_stages(block_x: int, ctas_per_sm: int = 2, block_k: int = SWIZZLE_K,
     """The most stages with which ``ctas_per_sm`` CTAs of this x block (with ``scale_pairs``, their
     pairs too) still share an SM. The loads run ``stages - 2`` k tiles ahead, so this is the most
     bytes in flight without losing the second CTA, whose dequant overlaps the first one's wgmma
-    (6 stages of 128 rows keep one: 356 us against 271 at 16384x5120 M = 1024)."""
-    per_stage = shared_bytes(WgmmaConfig(block_x, block_k, 1, scale_pairs=scale_pairs))
-    return (SM90_SMEM_PER_SM // ctas_per_sm - CTA_RESERVED_SMEM) // per_stage
+    (6 stages of 128 rows keep one: 356 us against 271 at 16384x5120 M = 1024). Counted with a
+    producer's barriers, the most any loader has (``cta_smem``)."""
+    one = WgmmaConfig(block_x, block_k, 1, tma_loads=True, producer=True, scale_pairs=scale_pairs)
+    per_stage = cta_smem(one._replace(stages=2)) - cta_smem(one)
+    return (SM90_SMEM_PER_SM // ctas_per_sm - (cta_smem(one) - per_stage)) // per_stage
 
 
 def _tiles(m: int, n: int, block_x: int) -> int:
@@ -931,8 +969,11 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: a producer warpgroup needs tma_loads=True")
     if config.scale_pairs and not config.producer:
         raise ValueError(f"config {config}: the scale pairs are the producer warpgroup's to make (producer=True)")
-    if shared_bytes(config) > SM90_SMEM_PER_CTA:
-        raise ValueError(f"config {config}: {shared_bytes(config)} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
+    if config.scale_pairs and config.stages < SCALE_PAIR_MIN_STAGES:
+        raise ValueError(f"config {config}: with scale pairs the producer needs at least {SCALE_PAIR_MIN_STAGES} stages (see SCALE_PAIR_MIN_STAGES)")
+    smem = cta_smem(config) - CTA_RESERVED_SMEM
+    if smem > SM90_SMEM_PER_CTA:
+        raise ValueError(f"config {config}: {smem} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
     if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
         raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
     if config.a_batches < 1 or config.block_k // example.FRAG_K % config.a_batches:
@@ -950,16 +991,29 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
             f"config {config}: {ctas_per_sm} CTAs per SM leave {bound - BOUNDED_NON_OPERAND_REGISTERS} registers per thread for "
             f"the wgmma operands, not {acc_size + a_size} (fewer CTAs, a smaller block_x or block_k)"
         )
+    launched_for = producer_ctas_per_sm(wgs, ctas_per_sm) if config.producer else ctas_per_sm
+    if launched_for * cta_smem(config) > SM90_SMEM_PER_SM:  # the registers are split for CTAs that would not fit
+        raise ValueError(
+            f"config {config}: launches for {launched_for} CTAs per SM (with a producer: {DEFAULT_PRODUCER_CTAS_PER_SM[wgs]} or stream-K's "
+            f"ctas_per_sm), and {launched_for} CTAs of {cta_smem(config)} bytes of shared memory do not fit an SM's {SM90_SMEM_PER_SM}"
+        )
     if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
-        if (wgs, ctas_per_sm) != (2, 2) or acc_size + a_size > SHARED_SM_PRODUCER_MAX_OPERANDS:
+        limit = SHARED_SM_PRODUCER_MAX_OPERANDS.get((wgs, ctas_per_sm))
+        if limit is None or acc_size + a_size > limit:
+            fits = "; ".join(f"{c} CTAs of {w} consumer warpgroup(s), up to {o}" for (w, c), o in SHARED_SM_PRODUCER_MAX_OPERANDS.items())
             raise ValueError(
-                f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM fit only with two consumer warpgroups, "
-                f"two CTAs and at most {SHARED_SM_PRODUCER_MAX_OPERANDS} wgmma operand registers (here {acc_size + a_size})"
+                f"config {config}: with a producer warpgroup, {ctas_per_sm} CTAs per SM of {wgs} consumer warpgroup(s) and "
+                f"{acc_size + a_size} wgmma operand registers do not fit; what fits: {fits}"
             )
 
 
 CONSUMER_BARRIER = 1  # the named barrier of a CTA's consumer warpgroups (0 is __syncthreads)
 PAIR_LAG = 2  # k tiles between the producer's load of a stage and its making of the stage's scale pairs
+# The producer loads tile t once the consumers released tile t - stages, which they do while running
+# tile t - stages + 1, which waits for that tile's pairs, made after the load of tile t - stages + 1
+# + PAIR_LAG. That load must come before tile t's, or producer and consumers wait on each other: 3
+# stages hung on the H200 (2026-12-03, sixtieth session).
+SCALE_PAIR_MIN_STAGES = PAIR_LAG + 2
 
 
 def consumer_sync(consumer_threads: int, threads: int):

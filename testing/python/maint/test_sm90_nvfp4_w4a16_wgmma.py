@@ -539,13 +539,18 @@ def test_tuner_offers_split_k_with_a_producer(m, block_x, small_m):
     warpgroup or more. Above ``WGMMA_SMALL_M``: the deepest pipeline, up to SPLIT_PRODUCER_MAX_BLOCK_X
     rows. Up to it: SPLIT_PRODUCER_STAGES, TWO_WARPGROUP_STREAMK_STAGES and the deepest pipeline that
     the split's k tiles fill; and on one consumer warpgroup with two A batches, 6 stages
-    (``ONE_WARPGROUP_SPLIT_PRODUCER_STAGES``). (Their twins on 8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
+    (``ONE_WARPGROUP_SPLIT_PRODUCER_STAGES``) or as many as two CTAs per SM hold. (Their twins on
+    8-row steps: ``test_tuner_offers_x_blocks_in_eight_row_steps``.)"""
     import tune_sm120_nvfp4_w4a16_gemm as tune
 
     offered = [c for c in tune.candidates(m, 5120, 6144, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.producer and c.split_k > 1]
     one_warpgroup = {c for c in offered if c.warpgroups == 1 and not c.tickets}
     pair_twins = set(tune.scale_pair_twins(one_warpgroup))  # test_tuner_offers_scale_pair_twins
-    assert {c for c in one_warpgroup - pair_twins if c.block_x == block_x} == ({wg.WgmmaConfig(block_x, 128, 6, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS} if small_m else set())
+    if small_m:
+        stages = min(tune.ONE_WARPGROUP_SPLIT_PRODUCER_STAGES, wg.deepest_stages(block_x, 2, wg.DEEP_K))
+        assert {c for c in one_warpgroup - pair_twins if c.block_x == block_x} == {wg.WgmmaConfig(block_x, 128, stages, s, True, 1, True, a_batches=2) for s in tune.WGMMA_SPLITS}
+    else:
+        assert not {c for c in one_warpgroup - pair_twins if c.block_x == block_x}
     offered = [c for c in offered if c.warpgroups == 2 or c.tickets]
     split = {c for c in offered if not c.tickets}
     # Each split config whose exchange would be marked also with tickets (``tune.ticket_twins``).
@@ -581,12 +586,12 @@ def test_tuner_offers_scale_pair_twins():
         twins = set(tune.scale_pair_twins(offered))
         for c in (c for c in offered if c.warpgroups == 1 and c.producer and c not in twins):
             deepest = min(c.stages, wg.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
-            depths = [s for s in (deepest, deepest - 1) if s >= tune.SCALE_PAIR_MIN_STAGES]
+            depths = [s for s in (deepest, deepest - 1) if s >= wg.SCALE_PAIR_MIN_STAGES]
             assert depths and all(c._replace(stages=s, scale_pairs=True) in offered for s in depths)
             assert all(c._replace(stages=s) in offered for s in depths)
             if deepest < c.stages:  # the pairs cut the pipeline: a stage more would not fit two CTAs per SM
                 deeper = c._replace(stages=deepest + 1, scale_pairs=True)
-                assert 2 * (wg.shared_bytes(deeper) + wg.CTA_RESERVED_SMEM) > wg.SM90_SMEM_PER_SM
+                assert 2 * wg.cta_smem(deeper) > wg.SM90_SMEM_PER_SM
     # 32 rows: 6 stages without pairs, 5 with (two CTAs of 116736 + 1024 bytes overflow 228 KB)
     assert wg.deepest_stages(32, 2, 128) == 6 and wg.deepest_stages(32, 2, 128, scale_pairs=True) == 5
     table = (
@@ -1718,6 +1723,10 @@ PRODUCER_CASES = [
     (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 5, 2, True, 1, True, 0, 2, True)),  # odd segments of 1-2 k tiles: the lag past a segment's end
     (21, 640, 2560, wg.WgmmaConfig(24, 128, 5, 2, True, 1, True, a_batches=2, scale_pairs=True)),
     (32, 5120, 6144, wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, scale_pairs=True)),  # two consumer warpgroups: half blocks of pairs
+    # three CTAs per SM of one consumer warpgroup and the lean producer (four A batches: 64 operand registers)
+    (32, 34816, 5120, sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 4)),  # 272 tiles x 40 k tiles over 396 CTAs
+    (21, 640, 2304, sk.WgmmaStreamKConfig(24, 128, 3, 3, True, 1, True, 0, 4)),  # 5 tiles x 18 k tiles: one-tile segments, a partial x block
+    (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4, True)),  # with scale pairs (4 stages fit)
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
     (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
@@ -1836,14 +1845,31 @@ def test_graph_replays_match_eager(config):
 
 
 def test_deepest_stages_keep_two_ctas_per_sm():
-    """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more."""
+    """The tuner's deep-pipeline candidate: as many stages as two CTAs can hold on one SM, no more,
+    barriers included (the producer's, the most)."""
     for bx in range(16, wg.ONE_WARPGROUP_MAX_BLOCK_X + 1, 16):
         stages = wg.deepest_stages(bx)
-        config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages)
+        config = wg.WgmmaConfig(bx, wg.SWIZZLE_K, stages, tma_loads=True, producer=True)
         wg.check_wgmma_config(config, 16384, 5120)
-        per_cta = lambda s: wg.WgmmaConfig(bx, wg.SWIZZLE_K, s).kernel_shape().shared_bytes() + wg.CTA_RESERVED_SMEM  # noqa: E731
-        assert 2 * per_cta(stages) <= wg.SM90_SMEM_PER_SM < 2 * per_cta(stages + 1)
+        assert 2 * wg.cta_smem(config) <= wg.SM90_SMEM_PER_SM < 2 * wg.cta_smem(config._replace(stages=stages + 1))
         assert stages >= wg.DEFAULT_STAGES
+
+
+def test_cta_smem_counts_what_the_kernel_allocates():
+    """``cta_smem`` covers the kernel's dynamic buffer (from the host launch) and its static
+    barriers: so three 24-row CTAs of five 128-deep stages, 76800 bytes of stages each, do not fit
+    one SM (on the H200 only two did), and stream-K's check refuses them."""
+    config = sk.WgmmaStreamKConfig(24, 128, 4, 3, True, 1, True, 0, 4)
+    kernel = sk.compile_wgmma_streamk(34816, 5120, config)
+    source, host = kernel.get_kernel_source(), kernel.adapter.get_host_source()
+    static = sum(8 * int(count) for count in re.findall(r"__shared__ __align__\(\d+\) uint64_t \w+\[(\d+)\];", source))
+    assert static == wg.MBARRIER_BYTES * 2 * config.stages  # full and empty
+    dynamic = [int(v) for v in re.findall(r"\(\(int64_t\)(\d+)\)", host) if 0 <= int(v) - wg.shared_bytes(config) < wg.CTA_SCALAR_SMEM]
+    assert dynamic and wg.shared_bytes(config) + static < dynamic[0] + static <= wg.cta_smem(config) - wg.CTA_RESERVED_SMEM
+    five = config._replace(stages=5)
+    assert 3 * (wg.shared_bytes(five) + wg.CTA_RESERVED_SMEM) == wg.SM90_SMEM_PER_SM < 3 * wg.cta_smem(five)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        sk.check_any_config(five, 34816, 5120, "sm_90")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1879,37 +1905,46 @@ class ModelBarrier:
         return self.phases % 2 != parity
 
 
-def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int = 2) -> None:
+def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int = 2, scale_pairs: bool = False) -> None:
     """The producer warpgroup's protocol (``wgmma_pipeline``) under one random interleaving, over a
     CTA's segments of ``counts`` k tiles each (one for split-K, several for stream-K): the producer's
     elected thread (expect_tx, TMA, arrive) and its other 127 threads, the TMA engine finishing copies
     in any order, and ``consumers`` consumer warpgroups (``consume``: tile t > 0 of a segment releases tile
-    t - 1 once its wgmma retired, the segment's end releases its last). It checks that every k tile
+    t - 1 once its wgmma retired, the segment's end releases its last). With ``scale_pairs`` every
+    producer thread, ``PAIR_LAG`` loads after a tile's, waits for that tile to land and makes its
+    pairs (the stage's second barrier), which the consumers wait for too. It checks that every k tile
     a consumer reads is the one that landed for it, that no TMA write lands in a stage a consumer
     still reads, and that nothing deadlocks. The phase arithmetic is the kernel's
     (``wg.full_parity``, ``wg.empty_parity``), on k tiles counted over the segments (``base + t``)."""
     import random
 
     rng = random.Random(seed)
-    total = sum(counts)
     full = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
+    pairs = [ModelBarrier(wg.WARPGROUP_THREADS) for _ in range(stages)]
     empty = [ModelBarrier(consumers * wg.WARPGROUP_THREADS) for _ in range(stages)]
     data, readers, copies = [None] * stages, [set() for _ in range(stages)], []
+    lag = wg.PAIR_LAG if scale_pairs else 0
 
-    def elected():
-        for i in range(total):
-            s = i % stages
-            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
-            assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
-            full[s].expect_tx(1)
-            copies.append((s, i))
-            full[s].arrive()
+    def producer_thread(load, threads: int):
+        """One of the producer's threads (``threads`` of them, as one agent), as ``produce`` runs."""
+        base = 0
+        for count in counts:
+            for t in range(count + lag):
+                if t < count:
+                    i, s = base + t, (base + t) % stages
+                    yield lambda: empty[s].passed(wg.empty_parity(i, stages))
+                    load(i, s)
+                if scale_pairs and t >= lag:
+                    u, s = base + t - lag, (base + t - lag) % stages
+                    yield lambda: full[s].passed(wg.full_parity(u, stages))
+                    pairs[s].arrive(threads)
+            base += count
 
-    def others():
-        for i in range(total):
-            s = i % stages
-            yield lambda: empty[s].passed(wg.empty_parity(i, stages))
-            full[s].arrive(wg.WARPGROUP_THREADS - 1)
+    def elected_load(i, s):
+        assert not readers[s], f"tile {i}'s TMA overwrites stage {s} while {readers[s]} read it"
+        full[s].expect_tx(1)
+        copies.append((s, i))
+        full[s].arrive()
 
     def release(c, i):
         readers[i % stages].discard(c)
@@ -1920,7 +1955,7 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
         for count in counts:
             for t in range(count):
                 i, s = base + t, (base + t) % stages
-                yield lambda: full[s].passed(wg.full_parity(i, stages))
+                yield lambda: full[s].passed(wg.full_parity(i, stages)) and (not scale_pairs or pairs[s].passed(wg.full_parity(i, stages)))
                 assert data[s] == i, f"consumer {c} read tile {data[s]} for tile {i}"
                 readers[s].add(c)  # its dequant and wgmma read the stage ...
                 if t > 0:  # ... and tile i - 1's wgmma has retired (warpgroup_wait(1))
@@ -1930,7 +1965,9 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
             base += count
             yield lambda: True  # the segment's store or fix-up
 
-    agents = [[elected(), None], [others(), None]] + [[consumer(c), None] for c in range(consumers)]
+    elected = producer_thread(elected_load, 1)
+    others = producer_thread(lambda i, s: full[s].arrive(wg.WARPGROUP_THREADS - 1), wg.WARPGROUP_THREADS - 1)
+    agents = [[elected, None], [others, None]] + [[consumer(c), None] for c in range(consumers)]
     for agent in agents:
         agent[1] = next(agent[0], None)
     while any(agent[1] is not None for agent in agents) or copies:
@@ -1951,6 +1988,19 @@ def run_producer_protocol(stages: int, counts: list, seed: int, consumers: int =
 def test_producer_protocol_model(stages, counts, consumers):
     for seed in range(40):
         run_producer_protocol(stages, counts, seed, consumers)
+        if stages >= wg.SCALE_PAIR_MIN_STAGES:
+            run_producer_protocol(stages, counts, seed, consumers, scale_pairs=True)
+
+
+def test_scale_pairs_deadlock_under_their_fewest_stages():
+    """One stage fewer than SCALE_PAIR_MIN_STAGES and the producer waits for a release that waits for
+    pairs the producer has not made yet (3 stages hung on the H200); the check refuses it."""
+    with pytest.raises(AssertionError, match="deadlock"):
+        run_producer_protocol(wg.SCALE_PAIR_MIN_STAGES - 1, [16], 0, 1, scale_pairs=True)
+    config = sk.WgmmaStreamKConfig(32, 128, wg.SCALE_PAIR_MIN_STAGES - 1, 2, True, 1, True, 0, 2, True)
+    with pytest.raises(ValueError, match="stages"):
+        sk.check_any_config(config, 34816, 5120, "sm_90")
+    sk.check_any_config(config._replace(stages=wg.SCALE_PAIR_MIN_STAGES), 34816, 5120, "sm_90")
 
 
 @pytest.mark.parametrize(
@@ -1969,17 +2019,17 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-3:]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-6:]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA launches with the registers its share of an SM allows
     (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
     compiles their path within that, unserialized and without spills (the one-warpgroup 128-row
     kernel used 218 registers without a producer, 216 are its consumers' share; two two-warpgroup
-    CTAs per SM leave 96). The unsplit and split-K kernel's producer keeps the lean share, stream-K's
-    the larger one."""
+    CTAs per SM leave 96, three one-warpgroup CTAs 136). The unsplit and split-K kernel's producer
+    keeps the lean share, stream-K's the larger one but at three CTAs per SM."""
     wgs = config.warpgroups
     ctas = wg.producer_ctas_per_sm(wgs, getattr(config, "ctas_per_sm", 1))
-    producer = wg.LEAN_PRODUCER_REGISTERS if isinstance(config, wg.WgmmaConfig) else wg.PRODUCER_REGISTERS
+    producer = wg.LEAN_PRODUCER_REGISTERS if isinstance(config, wg.WgmmaConfig) else wg.streamk_producer_registers(wgs, ctas)
     source = sk.compile_any(n, k, config, "sm_90").get_kernel_source()
     report = ptxas_report(source)
     assert f"warpgroup_reg_alloc<{wg.consumer_registers(wgs, ctas, producer)}>" in source and f"warpgroup_reg_dealloc<{producer}>" in source
@@ -1995,8 +2045,9 @@ def test_consumer_registers_fit_the_launch_pool():
     two consumer warpgroups at 104 did on the H200); and the launch must fit the SM."""
     assert [wg.consumer_registers(2, 1), wg.consumer_registers(1, 2), wg.consumer_registers(2, 2)] == [232, 216, 96]
     lean = wg.LEAN_PRODUCER_REGISTERS
-    assert [wg.consumer_registers(2, 1, lean), wg.consumer_registers(1, 2, lean)] == [240, 232]
-    for consumers, ctas, producer in ((2, 1, wg.PRODUCER_REGISTERS), (1, 2, wg.PRODUCER_REGISTERS), (2, 2, wg.PRODUCER_REGISTERS), (2, 1, lean), (1, 2, lean)):
+    assert [wg.consumer_registers(2, 1, lean), wg.consumer_registers(1, 2, lean), wg.consumer_registers(1, 3, lean)] == [240, 232, 136]
+    assert [wg.streamk_producer_registers(w, c) for w, c in ((2, 1), (2, 2), (1, 1), (1, 2), (1, 3))] == [wg.PRODUCER_REGISTERS] * 4 + [lean]
+    for consumers, ctas, producer in ((2, 1, wg.PRODUCER_REGISTERS), (1, 2, wg.PRODUCER_REGISTERS), (2, 2, wg.PRODUCER_REGISTERS), (2, 1, lean), (1, 2, lean), (1, 3, lean)):
         threads = wg.WARPGROUP_THREADS * (consumers + 1)
         pool = wg.launch_registers(consumers, ctas) * threads
         used = wg.WARPGROUP_THREADS * (consumers * wg.consumer_registers(consumers, ctas, producer) + producer)
@@ -2072,7 +2123,12 @@ def test_wide_streamk_keeps_one_run_time_loop():
         sk.WgmmaStreamKConfig(80, 64, 4, 2, True, 2, True),  # two such CTAs per SM: 72 operand registers of 96
         sk.WgmmaStreamKConfig(16, 128, 4, 2, True, 2, True),  # ... here too (ptxas serialized the wgmmas)
         sk.WgmmaStreamKConfig(16, 64, 4, 3, True, 2, True),  # three such CTAs
-        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # one consumer warpgroup and a producer: at most two per SM
+        sk.WgmmaStreamKConfig(64, 64, 4, 3, True, 1, True),  # three CTAs of one consumer warpgroup and a producer: 128 operand registers of 64
+        sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, True, 0, 2),  # ... two A batches: 96
+        sk.WgmmaStreamKConfig(40, 128, 4, 3, True, 1, True, 0, 4),  # ... 40 rows in four batches: 72
+        sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, True),  # four such CTAs
+        sk.WgmmaStreamKConfig(32, 128, 5, 3, True, 1, True, 0, 4),  # three CTAs of five 32-row stages: over an SM's shared memory
+        sk.WgmmaStreamKConfig(32, 128, 3, 2, True, 1, True, 0, 2, True),  # scale pairs in 3 stages: producer and consumers deadlock
         sk.WgmmaStreamKConfig(352, 64, 4, 1, True, 2, True),  # over stream-K's x block (its consumers' registers)
         sk.WgmmaStreamKConfig(32, 128, 4, 3, True, 1, False),  # 160 operand registers; three CTAs leave 112
         sk.WgmmaStreamKConfig(16, 64, 4, 4, True, 1, False),  # four CTAs leave 72 of 128, not 80
