@@ -125,11 +125,12 @@ def smem_per_sm(arch: str) -> int:
 
 def check_streamk_config(config: StreamKConfig, n: int, k: int, smem_per_sm: int = example.SM120_SMEM_PER_SM) -> None:
     """The example's shape and shared-memory checks, plus the stream-K fields: ``ctas_per_sm``
-    CTAs must fit one SM together (``smem_per_sm``: sm_120's 100 KB unless an sm_90 table says so)."""
+    CTAs must fit one SM together (``smem_per_sm``: sm_120's 100 KB unless an sm_90 table says so),
+    each with the driver's reserve."""
     example.check_config(config, n, k, CONFIG_TYPES)
     if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM:
         raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM}")
-    if config.ctas_per_sm * config.kernel_shape().shared_bytes() > smem_per_sm:
+    if config.ctas_per_sm * (config.kernel_shape().shared_bytes() + hopper.CTA_RESERVED_SMEM) > smem_per_sm:
         raise ValueError(f"config {config}: {config.ctas_per_sm} CTAs need more than {smem_per_sm} bytes of shared memory per SM")
 
 

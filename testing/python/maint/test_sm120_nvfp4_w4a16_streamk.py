@@ -143,6 +143,7 @@ def test_table_applies_only_to_its_gpu_key(tmp_path, monkeypatch):
     [
         (sk.StreamKConfig(ctas_per_sm=0), "ctas_per_sm"),
         (sk.StreamKConfig(ctas_per_sm=2, block_m=64, block_k=128, stages=3), "per SM"),
+        (sk.StreamKConfig(ctas_per_sm=3, block_k=64, stages=5), "per SM"),  # 3 x 33280 bytes fit 100 KB only without each CTA's 1 KB driver reserve
         (sk.StreamKConfig(block_n=96), "block_n"),
     ],
 )
