@@ -554,15 +554,15 @@ WGMMA_STREAMK_MAX_BLOCK_X = 320
 
 
 def check_wgmma_streamk_config(config: WgmmaStreamKConfig, n: int, k: int) -> None:
-    """The wgmma kernel's checks on the segment config, plus ``ctas_per_sm`` CTAs fitting one SM."""
+    """The wgmma kernel's checks on the segment config at ``ctas_per_sm`` CTAs per SM (which must fit
+    one SM's shared memory and registers), plus stream-K's own limits."""
     example.check_config(config, n, k, CONFIG_TYPES)
+    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM:
+        raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM}")
     try:
         hopper.check_wgmma_config(config.segment_config(), n, k, ctas_per_sm=config.ctas_per_sm)
     except ValueError as e:
         raise ValueError(f"config {config}: {e}") from None
-    per_cta = hopper.cta_smem(config)
-    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM or config.ctas_per_sm * per_cta > hopper.SM90_SMEM_PER_SM:
-        raise ValueError(f"config {config}: ctas_per_sm must be 1..{MAX_CTAS_PER_SM} CTAs of {per_cta} bytes that fit one SM")
     if config.block_x > WGMMA_STREAMK_MAX_BLOCK_X:
         raise ValueError(f"config {config}: stream-K takes x blocks of at most {WGMMA_STREAMK_MAX_BLOCK_X} rows")
     if config.block_x > hopper.ONE_WARPGROUP_MAX_BLOCK_X and config.ctas_per_sm != 1:
