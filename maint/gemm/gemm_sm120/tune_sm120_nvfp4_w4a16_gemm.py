@@ -408,7 +408,8 @@ def wgmma_candidates(m: int, n: int, k: int, sm_count: int) -> list:
     narrow = hopper.tight_wgmma_config(m, n, k, sm_count=sm_count, row_step=hopper.X_BLOCK_STEP).block_x
     if WGMMA_MIN_BLOCK_X < m <= NARROW_TWINS_MAX_M and narrow < tight.block_x:  # see NARROW_TWINS_MAX_M
         out += [c._replace(block_x=narrow) for c in out if c.block_x == tight.block_x]
-    return out + scale_pair_twins([c for c in out if fits(c, n, k, "sm_90")]) + streamk_waves_twins(out, m, n, k, sm_count)
+    fitting = [c for c in out if fits(c, n, k, "sm_90")]
+    return out + scale_pair_twins(fitting) + streamk_waves_twins(out, m, n, k, sm_count) + tail_twins(fitting, m, n, k, sm_count)
 
 
 def scale_pair_twins(configs: list) -> list:
@@ -423,6 +424,35 @@ def scale_pair_twins(configs: list) -> list:
         deepest = min(c.stages, maint.hopper.deepest_stages(c.block_x, 2, c.block_k, scale_pairs=True))
         for stages in range(deepest, max(deepest - SCALE_PAIR_DEPTHS, maint.hopper.SCALE_PAIR_MIN_STAGES - 1), -1):
             out += [c._replace(stages=stages, scale_pairs=True)] + ([c._replace(stages=stages)] if stages < c.stages else [])
+    return out
+
+
+# Tails (``hopper.WgmmaConfig.tail_k_tiles``) for the two-warpgroup split configs, one CTA per SM, that
+# leave SMs idle: ``tails_per_cta`` (at least two) tiles' tails on each idle SM, and tails of the length that would
+# even the tail CTAs' k tiles with the splits' and of TAIL_LENGTHS - 1 shorter ones. A tail CTA pays
+# for each segment it starts and each piece it posts, so the winners ran short of the balance: on
+# 5120x17408 (40 tiles, split 3, 10 tail CTAs of 4 tails; even at 10 k tiles) tails of 9 at M = 24
+# (20.9 us against 22.0) and 8 at M = 32 (22.1 against 23.0); on 5120x6144 tails of 3 (even at 4) at
+# M = 24 and 32 (10.7 against 11.1 at M = 32). H200, 2026-12-03, final races of the tuner's
+# --update (results/h200_twins_2026-12-03o_tails.json).
+TAIL_LENGTHS = 3
+
+
+def tail_twins(configs: list, m: int, n: int, k: int, sm_count: int) -> list:
+    """The tail twins of the two-warpgroup split configs among ``configs`` (see TAIL_LENGTHS); only
+    those ``candidates`` finds to fit (the tails' exchange must be the marked one)."""
+    out = []
+    for c in configs:
+        if not (isinstance(c, maint.hopper.WgmmaConfig) and c.warpgroups == 2 and c.producer and c.split_k > 1 and not c.tail_k_tiles):
+            continue
+        tiles, idle = n // maint.hopper.CTA_ROWS, sm_count - maint.hopper.wgmma_ctas(c, m, n)
+        if -(-m // c.block_x) > 1 or idle < 1:
+            continue
+        per_cta = -(-tiles // idle)
+        if per_cta < 2:  # one tile's tail per CTA is one more split
+            continue
+        even = round(k // c.block_k / (per_cta * c.split_k + 1))  # tail CTAs' k tiles = a split's
+        out += [c._replace(tail_k_tiles=length, tails_per_cta=per_cta) for length in range(max(1, even - TAIL_LENGTHS + 1), even + 1)]
     return out
 
 

@@ -99,6 +99,12 @@ UNBOUNDED_REGISTERS = 256  # a launch bound from here on leaves ptxas its 255
 #   instead of 8, for a loop ncu found latency-bound; correct, but 1.02-1.05x the time of two CTAs
 #   per SM on 34816x5120 at M = 24 and 32 (H200, 2026-12-03n), so the tuner does not offer it.
 SHARED_SM_PRODUCER_MAX_OPERANDS = {(2, 2): 64, (1, 3): 64}
+# ... and at (2, 2) the operand count is not the whole story: a 128-deep k tile in two batches of two
+# k32 blocks had its wgmmas serialized from 16 x rows on (40 operand registers), where four batches
+# of one block each stayed asynchronous up to 64 rows (48), and 64-deep tiles in one or two batches
+# up to 64 operands (ptxas, sm_90a, 34816x5120, 2026-12-03). There a k tile in batches takes one
+# k32 block per batch.
+SHARED_SM_PRODUCER_BATCHED_K32 = {(2, 2): 1}
 SM90_SMEM_PER_CTA = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 CTA_RESERVED_SMEM = 1024  # shared memory the driver keeps per CTA
@@ -210,7 +216,9 @@ class WgmmaConfig(NamedTuple):
     registers hold two batches instead of two k tiles (see ``wgmma_pipeline``). It pays where the
     registers are short (``WgmmaStreamKConfig``); on the two-warpgroup producer configs of the H200
     table at M = 24 and 32 it took 1.01-1.07x the time (results/h200_update_2026-12-03j_a_batches_two_warpgroups.json
-    in maint/gemm/gemm_sm120)."""
+    in maint/gemm/gemm_sm120). ``tail_k_tiles`` (0: none): each tile's last k tiles are not split
+    but run by tail CTAs, ``tails_per_cta`` tiles' tails each (``tail_ctas``), so that split-K over
+    few tiles fills the SMs it would leave idle; needs the marked exchange."""
 
     block_x: int = 64
     block_k: int = SWIZZLE_K
@@ -222,8 +230,11 @@ class WgmmaConfig(NamedTuple):
     tickets: bool = False
     a_batches: int = 1
     scale_pairs: bool = False
+    tail_k_tiles: int = 0
+    tails_per_cta: int = 1
 
     SHARED_BYTES_PER_CTA = SM90_SMEM_PER_CTA  # the example's checks use this arch's limit, not sm_120's
+    FIELD_MINIMUMS = {"tail_k_tiles": 0}  # 0: no tails
     UNEVEN_SPLIT_K = True  # ... and let split_k leave a remainder of k tiles (``split_k_tiles``)
     MAX_ACCUMULATORS = MAX_BLOCK_X // 2  # ... and two warpgroups' one atom of up to MAX_BLOCK_X columns
 
@@ -239,7 +250,8 @@ class WgmmaConfig(NamedTuple):
     def split_plan(self) -> example.SplitPlan:
         """How the split tiles meet (``example.SplitPlan``): ``block_x`` rows, the consumer threads'
         accumulators (``operand_sizes``), ``tickets``."""
-        return example.SplitPlan(self.split_k, self.block_x, operand_sizes(self.block_x, self.block_k, self.warpgroups)[1], self.tickets)
+        pieces = self.split_k + (self.tail_k_tiles > 0)  # a tile's splits and its tail
+        return example.SplitPlan(pieces, self.block_x, operand_sizes(self.block_x, self.block_k, self.warpgroups)[1], self.tickets)
 
     def kernel_shape(self) -> example.KernelShape:
         """The example's shape view (its checks: divisibility, shared memory, accumulators, split);
@@ -436,8 +448,31 @@ def _small_m_config(n: int, k: int, block_x: int, sm_count: int) -> WgmmaConfig:
 
 
 def wgmma_ctas(config: WgmmaConfig, m: int, n: int) -> int:
-    """The split-K kernel's CTAs at this M: output tiles times the split."""
-    return _tiles(m, n, config.block_x) * config.split_k
+    """The split-K kernel's CTAs at this M: output tiles times the split, and the tail CTAs."""
+    return _tiles(m, n, config.block_x) * config.split_k + -(-m // config.block_x) * tail_ctas(config, n)
+
+
+# Split-K over few tiles leaves SMs idle: 5120x17408 has 40 tiles of 128 rows, so split 3 runs 120
+# CTAs on the H200's 132 SMs. With ``WgmmaConfig.tail_k_tiles`` the splits share each tile's k tiles
+# but its last ``tail_k_tiles``, and ``tails_per_cta`` tiles' tails go to each of a few more CTAs,
+# which fill the idle SMs: 3 x 40 CTAs of 42-43 k tiles and 10 of four tails of 8-9 (the table's),
+# where split 3 alone gives each CTA 45 or 46. A tail CTA runs its tails as segments, one after the other (its
+# stages' ring runs on, as in stream-K), and each tail is its tile's piece 0 in the split's exchange.
+# Tails take the marked exchange (``check_wgmma_config``): through the ticket exchange every piece's
+# CTA waits for its ticket's round trip, and a tail CTA does so once per tail. 5120x17408 M = 17 (24
+# rows, tickets) took 25.6 us with tails of 10 k tiles against 20.8 without, 5120x6144 M = 40-64 (the
+# ticket form at 4 pieces) 1.36-1.47x the time; the marked form's posts do not wait. H200,
+# 2026-12-03 (results/h200_twins_2026-12-03o_tails.json in maint/gemm/gemm_sm120).
+def tail_ctas(config: WgmmaConfig, n: int) -> int:
+    """The CTAs that run the tiles' tails: ``tails_per_cta`` tiles' each; 0 without tails."""
+    return -(-(n // CTA_ROWS) // config.tails_per_cta) if config.tail_k_tiles else 0
+
+
+def tail_pieces(config: WgmmaConfig, n: int, cta, minimum=min) -> tuple:
+    """``(first tile, tiles)``: the consecutive weight tiles whose tails tail CTA ``cta`` runs (the
+    last CTA's may be fewer); ``minimum`` is ``T.min`` in a kernel."""
+    first = cta * config.tails_per_cta
+    return first, minimum(config.tails_per_cta, n // CTA_ROWS - first)
 
 
 # The heuristic's x blocks grow in 16-row steps, as they did when it was tuned. Any X_BLOCK_STEP rows
@@ -974,8 +1009,18 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
     smem = cta_smem(config) - CTA_RESERVED_SMEM
     if smem > SM90_SMEM_PER_CTA:
         raise ValueError(f"config {config}: {smem} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
-    if getattr(config, "tickets", False) and config.split_k == 1:  # stream-K configs have no such field
-        raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1")
+    if getattr(config, "tickets", False) and config.split_plan.split_k == 1:  # stream-K configs have no such field
+        raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1 or tail_k_tiles")
+    tail = getattr(config, "tail_k_tiles", 0)
+    if tail and (tail >= k // config.block_k or (k // config.block_k - tail) // config.split_k < config.stages):
+        raise ValueError(f"config {config}: the tails must leave each split at least `stages` of the {k // config.block_k} k tiles")
+    if tail and config.tails_per_cta > n // CTA_ROWS:
+        raise ValueError(f"config {config}: tails_per_cta must be at most the {n // CTA_ROWS} weight tiles")
+    if tail and not config.split_plan.marked:
+        raise ValueError(
+            f"config {config}: tails need the marked exchange (no tickets; accumulators times pieces at most {example.EXCHANGE_BATCH_LOADS}), "
+            "where a tail CTA posts its piece and runs on (see tail_ctas)"
+        )
     if config.a_batches < 1 or config.block_k // example.FRAG_K % config.a_batches:
         raise ValueError(f"config {config}: a_batches must divide the {config.block_k // example.FRAG_K} k32 blocks of a k tile")
     a_size, acc_size = operand_sizes(config.block_x, config.block_k, config.warpgroups, config.a_batches)
@@ -999,6 +1044,12 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         )
     if config.producer and ctas_per_sm > DEFAULT_PRODUCER_CTAS_PER_SM[wgs]:
         limit = SHARED_SM_PRODUCER_MAX_OPERANDS.get((wgs, ctas_per_sm))
+        batch_k32 = config.block_k // example.FRAG_K // config.a_batches
+        if config.a_batches > 1 and batch_k32 > SHARED_SM_PRODUCER_BATCHED_K32.get((wgs, ctas_per_sm), batch_k32):
+            raise ValueError(
+                f"config {config}: with a producer, {ctas_per_sm} CTAs per SM of {wgs} consumer warpgroups take one k32 block per "
+                "wgmma batch where a k tile has several (a_batches; see SHARED_SM_PRODUCER_BATCHED_K32)"
+            )
         if limit is None or acc_size + a_size > limit:
             fits = "; ".join(f"{c} CTAs of {w} consumer warpgroup(s), up to {o}" for (w, c), o in SHARED_SM_PRODUCER_MAX_OPERANDS.items())
             raise ValueError(
@@ -1456,13 +1507,18 @@ def known_side(longer_split: bool):
 def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     """The wgmma kernel for an ``N x K`` weight. Grid: (N / rows, split_k, ceil(M / block_x)): each
     CTA runs one ``wgmma_pipeline`` segment over its split's k tiles (``split_k_tiles``; with a
-    producer: the producer loads them, the consumers run them), then stores or exchanges."""
+    producer: the producer loads them, the consumers run them), then stores or exchanges. With
+    ``tail_k_tiles`` the grid is (tail CTAs + N / rows * split_k, ceil(M / block_x)): the tail CTAs
+    first (``tail_pieces``), then each tile's splits of the k tiles before its tail, split fastest."""
     import tilelang.language as T
 
-    bx, bk, stages, split_k = config.block_x, config.block_k, config.stages, config.split_k
+    bx, bk, stages, split_k, tail = config.block_x, config.block_k, config.stages, config.split_k, config.tail_k_tiles
     rows = CTA_ROWS
-    k_tiles = k // bk
-    longer = k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
+    tiles_n = n // rows
+    main_k_tiles = k // bk - tail  # what the splits share
+    longer = main_k_tiles % split_k  # splits with one k tile more (``split_k_tiles``)
+    tails = tail_ctas(config, n)
+    first_split = 1 if tail else 0  # a tile's tail is piece 0 of its exchange: the marked form's reducer is its last split
     pipe = wgmma_pipeline(
         bx, stages, config.tma_loads, config.warpgroups, bk, config.producer,
         producer_registers=LEAN_PRODUCER_REGISTERS, a_batches=config.a_batches, scale_pairs=config.scale_pairs,
@@ -1473,23 +1529,24 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
     ops = example.operands(n, k, M)
 
     @T.macro
-    def finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx):
-        """The consumers' result, staged through the stage of the split's last k tile: stored, or
-        exchanged and stored by the split's last CTA."""
-        last_stage = (count - 1) % stages
-        if split_k == 1:
-            pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
+    def finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, piece, last_stage, tx, refilled: bool):
+        """The consumers' result, staged through ``last_stage`` (that of the piece's last k tile):
+        stored, or exchanged and stored by the CTA that reduces the tile; ``refilled`` as ``store``'s."""
+        if config.split_plan.split_k == 1:
+            pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, refilled)
         else:
             ticket = T.alloc_shared((1,), T.int32)
-            exchange.run(acc, row_of, partials, tickets, ticket, bm * (n // rows) + bn, split_index, M, tx, True)
-            if exchange.reduces(ticket, split_index):
-                pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, False)
+            exchange.run(acc, row_of, partials, tickets, ticket, bm * tiles_n + bn, piece, M, tx, True)
+            if exchange.reduces(ticket, piece):
+                pipe.store(acc, x_tiles, last_stage, bm, bn, y, alpha_x128, M, tx, refilled)
 
     @T.macro
     def run(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, split_index, bm, tx, count, kt0):
         """This CTA's k tiles ``kt0 .. kt0 + count``, then its result."""
         x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = stage_buffers
         row_of = lambda q: x_row(q, bm, tx % 32)  # noqa: E731
+        last_stage = (count - 1) % stages
+        piece = split_index + first_split
         if config.producer:  # the producer is done after its last load; the consumers finish
             if tx >= pipe.consumer_threads:
                 T.set_max_nreg(pipe.producer_registers, 0)
@@ -1497,10 +1554,48 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
             else:
                 T.set_max_nreg(pipe.consumer_registers, 1)
                 pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, count, kt0, 0, bm, bn, M, tx)
-                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx)
+                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, piece, last_stage, tx, False)
         else:
             pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, count, kt0, 0, bm, bn, M, tx)
-            finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, split_index, count, tx)
+            finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, bn, piece, last_stage, tx, False)
+
+    @T.macro
+    def run_split(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, split_index, bm, tx):
+        """Split ``split_index`` of tile ``bn``'s first ``main_k_tiles`` k tiles."""
+        operands = (x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, split_index, bm, tx)
+        if longer == 0:
+            run(*operands, *split_k_tiles(main_k_tiles, split_k, split_index, known_side(False)))
+        elif bx > TWO_LOOPS_MAX_BLOCK_X:
+            run(*operands, *split_k_tiles(main_k_tiles, split_k, split_index, T.if_then_else))
+        elif split_index < longer:  # each count static
+            run(*operands, *split_k_tiles(main_k_tiles, split_k, split_index, known_side(True)))
+        else:
+            run(*operands, *split_k_tiles(main_k_tiles, split_k, split_index, known_side(False)))
+
+    @T.macro
+    def run_tails(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, cta, bm, tx):
+        """Tail CTA ``cta``: the tails of its tiles (``tail_pieces``), one segment each, the stages and
+        their barrier phases running on from one to the next (``base``)."""
+        x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc = stage_buffers
+        row_of = lambda q: x_row(q, bm, tx % 32)  # noqa: E731
+        first, count = tail_pieces(config, n, cta, T.min)
+        if config.producer:
+            if tx >= pipe.consumer_threads:
+                T.set_max_nreg(pipe.producer_registers, 0)
+                for i in T.serial(count):
+                    pipe.produce(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, tail, main_k_tiles, i * tail, bm, first + i, M, tx)
+            else:
+                T.set_max_nreg(pipe.consumer_registers, 1)
+                for i in T.serial(count):
+                    pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, tail, main_k_tiles, i * tail, bm, first + i, M, tx)
+                    last_stage = (i * tail + tail - 1) % stages
+                    finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, last_stage, tx, True)
+                    T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
+        else:
+            for i in T.serial(count):
+                pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, tail, main_k_tiles, i * tail, bm, first + i, M, tx)
+                T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
+                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, (i * tail + tail - 1) % stages, tx, True)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
@@ -1512,18 +1607,20 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         partials: ops.partials,
         tickets: ops.tickets,
     ):
-        with T.Kernel(n // rows, split_k, T.ceildiv(M, bx), threads=threads) as (bn, bk_index, bm):
-            stage_buffers = pipe.setup()
-            tx = T.get_thread_binding()
-            operands = (x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, bk_index, bm, tx)
-            if longer == 0:
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(False)))
-            elif bx > TWO_LOOPS_MAX_BLOCK_X:
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, T.if_then_else))
-            elif bk_index < longer:  # each count static
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(True)))
-            else:
-                run(*operands, *split_k_tiles(k_tiles, split_k, bk_index, known_side(False)))
+        if tail:
+            with T.Kernel(tails + tiles_n * split_k, T.ceildiv(M, bx), threads=threads) as (cta, bm):
+                stage_buffers = pipe.setup()
+                tx = T.get_thread_binding()
+                operands = (x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers)
+                if cta < tails:
+                    run_tails(*operands, cta, bm, tx)
+                else:
+                    run_split(*operands, (cta - tails) // split_k, (cta - tails) % split_k, bm, tx)
+        else:
+            with T.Kernel(tiles_n, split_k, T.ceildiv(M, bx), threads=threads) as (bn, split_index, bm):
+                stage_buffers = pipe.setup()
+                tx = T.get_thread_binding()
+                run_split(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, bn, split_index, bm, tx)
 
     return nvfp4_w4a16_wgmma
 

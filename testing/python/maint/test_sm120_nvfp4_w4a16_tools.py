@@ -119,6 +119,21 @@ def test_tuner_offers_narrow_fragment_tiles_where_tiles_are_fewer_than_sms(arch)
                 assert not narrow
 
 
+def test_tuner_offers_tails_where_two_warpgroup_splits_leave_sms_idle():
+    """On 5120x17408 at M = 32 (40 tiles): split 3 of two warpgroups leaves 12 SMs idle, so the tuner
+    offers tails of 4 tiles a CTA, at the even length (10 of 136 k tiles) and two shorter; every one
+    runs each (tile, k tile) once on at most 132 CTAs and takes the marked exchange. None where the
+    tiles outnumber the SMs (34816x5120)."""
+    wg = sk.hopper
+    tails = [c for c in tune.candidates(32, 5120, 17408, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.tail_k_tiles]
+    split3 = {c for c in tails if c.split_k == 3 and c.block_x == 32}
+    assert {(c.tail_k_tiles, c.tails_per_cta) for c in split3} == {(8, 4), (9, 4), (10, 4)}
+    for c in tails:
+        assert c.warpgroups == 2 and c.producer and c.split_plan.marked and c.tails_per_cta >= 2
+        assert wg.wgmma_ctas(c, 32, 5120) <= 132
+    assert not any(getattr(c, "tail_k_tiles", 0) for c in tune.candidates(32, 34816, 5120, "sm_90"))
+
+
 def test_tuner_offers_fragment_tiles_that_fit_more_ctas_per_sm():
     """The heuristic's M = 1 tile (53 KB) leaves one CTA per sm_120 SM (100 KB) and four per H200 SM
     (228 KB), latency-bound at both; at M <= 16 the tuner also offers tiles of which more fit: two or

@@ -700,11 +700,39 @@ def test_refuses_other_archs(monkeypatch):
         wg.WgmmaConfig(32, 64, 5, a_batches=4),  # ... or two
         wg.WgmmaConfig(32, 128, 5, a_batches=0),
         wg.WgmmaConfig(32, 128, 5, tma_loads=True, scale_pairs=True),  # the producer makes the pairs
+        wg.WgmmaConfig(32, 128, 5, 3, tail_k_tiles=32),  # the tails leave nothing to split
+        wg.WgmmaConfig(32, 128, 5, 3, tail_k_tiles=18),  # ... or splits of fewer than `stages` k tiles
+        wg.WgmmaConfig(32, 128, 5, 3, tail_k_tiles=4, tails_per_cta=33),  # 32 weight tiles
+        wg.WgmmaConfig(32, 128, 5, 3, tail_k_tiles=-1),
+        wg.WgmmaConfig(32, 128, 5, 3, True, 2, True, tickets=True, tail_k_tiles=4, tails_per_cta=4),  # tails post, never wait: the marked exchange
+        wg.WgmmaConfig(32, 128, 5, 3, True, 1, True, tail_k_tiles=4, tails_per_cta=4),  # 32 accumulators x 4 pieces: past the marked form
     ],
 )
 def test_bad_configs(config):
     with pytest.raises(ValueError):
         wg.check_wgmma_config(config, 4096, 4096)
+
+
+@pytest.mark.parametrize("n, k, split, tail, per_cta", [(5120, 17408, 3, 10, 4), (640, 2560, 2, 3, 2), (640, 2304, 3, 4, 3), (5120, 6144, 3, 3, 4)])
+def test_tails_and_splits_cover_every_k_tile_once(n, k, split, tail, per_cta):
+    """With ``tail_k_tiles`` each (weight tile, k tile) is run by one CTA: a split of the k tiles
+    before the tail (``split_k_tiles``) or the tail CTA of ``tail_pieces``; the grid launches
+    ``wgmma_ctas`` of them, tail CTAs first, and every split holds at least ``stages`` k tiles."""
+    config = wg.WgmmaConfig(32, 128, 4, split, True, 2, True, tail_k_tiles=tail, tails_per_cta=per_cta)
+    wg.check_wgmma_config(config, n, k)
+    tiles, k_tiles = n // wg.CTA_ROWS, k // 128
+    runs = collections.Counter()
+    for t in range(tiles):
+        for i in range(split):
+            count, kt0 = wg.split_k_tiles(k_tiles - tail, split, i)
+            runs.update((t, kt) for kt in range(kt0, kt0 + count))
+    for cta in range(wg.tail_ctas(config, n)):
+        first, count = wg.tail_pieces(config, n, cta)
+        assert 1 <= count <= per_cta
+        runs.update((t, kt) for t in range(first, first + count) for kt in range(k_tiles - tail, k_tiles))
+    assert runs == collections.Counter((t, kt) for t in range(tiles) for kt in range(k_tiles))
+    assert wg.wgmma_ctas(config, 32, n) == tiles * split + -(-tiles // per_cta)
+    assert config.split_plan.split_k == split + 1  # the tail is one more piece of each tile's exchange
 
 
 def test_tickets_choose_the_ticket_exchange():
@@ -1730,6 +1758,9 @@ PRODUCER_CASES = [
     (1024, 5120, 6144, sk.WgmmaStreamKConfig(256, 64, 4, 1, True, 2, True, 1)),  # 160 tiles: 28 cut, one wave
     (16, 34816, 512, sk.WgmmaStreamKConfig(16, 64, 4, 1, True, 2, True, 2)),  # 272 tiles: 140 cut, one wave
     (256, 4224, 1024, sk.WgmmaStreamKConfig(64, 64, 4, 1, True, 2, True, 1)),  # 132 tiles: all whole, none cut
+    # tails (tail_k_tiles): the splits share all but each tile's last k tiles, which tail CTAs run, a few tiles' each
+    (32, 5120, 17408, wg.WgmmaConfig(32, 128, 8, 3, True, 2, True, tail_k_tiles=10, tails_per_cta=4)),  # 120 + 10 CTAs: 42 k tiles each, tails of 4 x 10
+    (21, 640, 2560, wg.WgmmaConfig(24, 128, 5, 2, True, 2, True, scale_pairs=True, tail_k_tiles=3, tails_per_cta=2)),  # the last tail CTA has one; splits of 9 and 8
 ]
 # Stream-K over the wgmma kernel (WgmmaStreamKConfig), checked by the same reference test.
 STREAMK_CASES = [
@@ -1747,6 +1778,7 @@ STREAMK_CASES = [
     (24, 34816, 5120, sk.WgmmaStreamKConfig(24, 128, 7, 2)),  # x blocks in 8-row steps (the tuner's narrow twins)
     (37, 5120, 6144, sk.WgmmaStreamKConfig(40, 128, 5, 2)),
     (70, 640, 2304, sk.WgmmaStreamKConfig(80, 128, 3, 2, a_batches=2)),  # a_batches without a producer
+    (30, 640, 2304, wg.WgmmaConfig(16, 64, 4, 3, tail_k_tiles=4, tails_per_cta=3)),  # tails without a producer: two x blocks, splits of 11, 11, 10
 ]
 # With TMA loads the stage barriers' phases run on across a CTA's segments (``base``).
 STREAMK_CASES += [(m, n, k, c._replace(tma_loads=True)) for m, n, k, c in STREAMK_CASES]
@@ -2019,7 +2051,7 @@ def test_producer_protocol_model_catches_wrong_parities(monkeypatch, name, wrong
             run_producer_protocol(3, [5, 1, 7], seed)
 
 
-@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-6:]])
+@pytest.mark.parametrize("n, k, config", [(n, k, c) for _, n, k, c in PRODUCER_CASES[2:4] + PRODUCER_CASES[5:10] + PRODUCER_CASES[-8:]])
 def test_producer_gives_its_registers_to_the_consumers(n, k, config):
     """With a producer warpgroup the CTA launches with the registers its share of an SM allows
     (``producer_ctas_per_sm`` CTAs); setmaxnreg moves the producer's to the consumers, and ptxas
@@ -2191,3 +2223,21 @@ def test_streamk_graph_replays_match_eager():
     for tma_loads in (False, True):
         config = sk.WgmmaStreamKConfig(128, 64, 4, 2, tma_loads)
         assert nv.graph_replays_match_eager(lambda x: sk.nvfp4_w4a16_linear(x, w, config), x)
+
+
+def test_two_warpgroup_pairs_batch_one_k32_block():
+    """Two CTAs per SM of two consumer warpgroups and a producer (96 registers a consumer): the check
+    refuses 128-deep k tiles in two wgmma batches, whose wgmmas ptxas serializes at 32 x rows (C7512)
+    with 48 operand registers, under the operand limit; four batches of one k32 block compile
+    asynchronous (``SHARED_SM_PRODUCER_BATCHED_K32``)."""
+    import tilelang
+
+    refused = sk.WgmmaStreamKConfig(32, 128, 4, 2, True, 2, True, 0, 2)
+    with pytest.raises(ValueError, match="one k32 block per wgmma batch"):
+        sk.check_wgmma_streamk_config(refused, 34816, 5120)
+    kernel = tilelang.compile(
+        sk.build_wgmma_streamk_kernel(34816, 5120, refused), target={"kind": "cuda", "arch": wg.WGMMA_ARCH}, pass_configs=sk.STREAMK_PASS_CONFIGS
+    )
+    assert "C7512" in ptxas_report(kernel.get_kernel_source())
+    allowed = refused._replace(a_batches=4)
+    assert "C7512" not in ptxas_report(sk.compile_any(34816, 5120, allowed, "sm_90").get_kernel_source())
