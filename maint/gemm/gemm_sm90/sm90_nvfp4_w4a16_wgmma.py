@@ -1011,9 +1011,9 @@ def check_wgmma_config(config: WgmmaConfig, n: int, k: int, config_types=(WgmmaC
         raise ValueError(f"config {config}: {smem} bytes of shared memory, over {SM90_SMEM_PER_CTA} per CTA")
     if getattr(config, "tickets", False) and config.split_plan.split_k == 1:  # stream-K configs have no such field
         raise ValueError(f"config {config}: tickets chooses a split's exchange; it needs split_k > 1 or tail_k_tiles")
-    tail = getattr(config, "tail_k_tiles", 0)
-    if tail and (tail >= k // config.block_k or (k // config.block_k - tail) // config.split_k < config.stages):
-        raise ValueError(f"config {config}: the tails must leave each split at least `stages` of the {k // config.block_k} k tiles")
+    tail, k_tiles = getattr(config, "tail_k_tiles", 0), k // config.block_k
+    if tail and (tail >= k_tiles or (k_tiles - tail) // config.split_k < config.stages):
+        raise ValueError(f"config {config}: the tails must leave each split at least `stages` of the {k_tiles} k tiles")
     if tail and config.tails_per_cta > n // CTA_ROWS:
         raise ValueError(f"config {config}: tails_per_cta must be at most the {n // CTA_ROWS} weight tiles")
     if tail and not config.split_plan.marked:
@@ -1572,6 +1572,9 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
         else:
             run(*operands, *split_k_tiles(main_k_tiles, split_k, split_index, known_side(False)))
 
+    def tail_stage(i):  # the stage of the last k tile of a tail CTA's tail i
+        return (i * tail + tail - 1) % stages
+
     @T.macro
     def run_tails(x, codes, scales, alpha_x128, y, partials, tickets, stage_buffers, cta, bm, tx):
         """Tail CTA ``cta``: the tails of its tiles (``tail_pieces``), one segment each, the stages and
@@ -1588,14 +1591,13 @@ def build_wgmma_kernel(n: int, k: int, config: WgmmaConfig):
                 T.set_max_nreg(pipe.consumer_registers, 1)
                 for i in T.serial(count):
                     pipe.consume(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, empty, a_regs, b_regs, acc, desc, tail, main_k_tiles, i * tail, bm, first + i, M, tx)
-                    last_stage = (i * tail + tail - 1) % stages
-                    finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, last_stage, tx, True)
-                    T.mbarrier_arrive(empty[last_stage])  # the stage ``consume`` held for the store
+                    finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, tail_stage(i), tx, True)
+                    T.mbarrier_arrive(empty[tail_stage(i)])  # the stage ``consume`` held for the store
         else:
             for i in T.serial(count):
                 pipe.segment(x, codes, scales, x_tiles, code_tiles, scale_tiles, full, a_regs, b_regs, acc, desc, tail, main_k_tiles, i * tail, bm, first + i, M, tx)
                 T.sync_threads()  # every warp is done with the stages the next segment's prologue refills
-                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, (i * tail + tail - 1) % stages, tx, True)
+                finish(acc, x_tiles, row_of, y, alpha_x128, partials, tickets, bm, first + i, 0, tail_stage(i), tx, True)
 
     @T.prim_func
     def nvfp4_w4a16_wgmma(
