@@ -122,8 +122,9 @@ def test_tuner_offers_narrow_fragment_tiles_where_tiles_are_fewer_than_sms(arch)
 def test_tuner_offers_tails_where_two_warpgroup_splits_leave_sms_idle():
     """On 5120x17408 at M = 32 (40 tiles): split 3 of two warpgroups leaves 12 SMs idle, so the tuner
     offers tails of 4 tiles a CTA, at the even length (10 of 136 k tiles) and two shorter; every one
-    runs each (tile, k tile) once on at most 132 CTAs and takes the marked exchange. None where the
-    tiles outnumber the SMs (34816x5120)."""
+    launches at most 132 CTAs and takes the marked exchange (that tails and splits run each (tile,
+    k tile) once: ``test_tails_and_splits_cover_every_k_tile_once``). None where the tiles outnumber
+    the SMs (34816x5120)."""
     wg = sk.hopper
     tails = [c for c in tune.candidates(32, 5120, 17408, "sm_90") if isinstance(c, wg.WgmmaConfig) and c.tail_k_tiles]
     split3 = {c for c in tails if c.split_k == 3 and c.block_x == 32}
